@@ -1,0 +1,108 @@
+// The Communicator: one interface for every collective and point-to-point operation the trainers
+// use, with an MPI backend (CPU tensors) and an NCCL backend (CUDA tensors).
+//
+// Contract (same spirit as c10d's ProcessGroupNCCL):
+//  * Collectives (all_reduce, broadcast, all_gather, barrier) must be called by every rank of the
+//    communicator in the same order, with tensors of the same dtype and number of elements.
+//    Point-to-point calls need a matching call on the peer with the same tag, size and dtype.
+//  * MPI backend: every call runs on the calling thread. Blocking calls return when the result is
+//    in place; *_async calls return a Work whose wait() blocks until it is.
+//  * NCCL backend: every call is enqueued on the communicator's own CUDA stream, which first waits
+//    (by a CUDA event) for the work already queued on torch's current stream of the caller, so the
+//    inputs are ready. "Blocking" calls then make torch's current stream wait for the result (an
+//    event again): the host does not block, and later kernels on the current stream see the result.
+//    *_async calls return a Work; Work::wait() makes the *then-current* stream wait, also without
+//    blocking the host. Work::synchronize() blocks the host, polling ncclCommGetAsyncError; past
+//    the communicator's timeout it aborts the NCCL communicator and throws, so a dead or stuck peer
+//    fails the job instead of hanging it. Lists of tensors go in one NCCL group.
+//  * Tensors passed to *_async calls must stay alive and unmodified until wait() returns (the
+//    NCCL backend also records them on its stream for torch's caching allocator).
+//  * Errors (mismatched sizes that can be seen locally, invalid peers, unsupported dtypes, library
+//    failures) throw gpt2p::Error naming rank, host, file:line and a fix.
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpt2p/core/mpi_env.h"
+
+namespace gpt2p::comm {
+
+enum class ReduceOp { kSum, kAvg };
+
+enum class Backend { kMpi, kNccl };
+
+// A handle on an operation in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // MPI: block until complete. NCCL: order torch's current stream after the operation (no host wait).
+  virtual void wait() = 0;
+  // Block the host until the operation has completed (NCCL: polls for async errors, with timeout).
+  virtual void synchronize() { wait(); }
+  // True when the operation has completed (never blocks).
+  virtual bool is_completed() = 0;
+};
+using WorkPtr = std::unique_ptr<Work>;
+
+struct CommOptions {
+  Backend backend = Backend::kMpi;
+  // How long synchronize()/blocking waits on NCCL work may take before the job is failed.
+  std::chrono::milliseconds timeout{60000};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual Backend backend() const = 0;
+  virtual std::string backend_name() const = 0;
+  int rank() const { return topo_.rank; }
+  int size() const { return topo_.size; }
+  int local_rank() const { return topo_.local_rank; }
+  const Topology& topology() const { return topo_; }
+  // The device tensors must live on: CPU for MPI, cuda:<local GPU> for NCCL.
+  virtual torch::Device device() const = 0;
+
+  // In place. A list is flattened into one buffer (one NCCL group / one MPI call) and copied back.
+  virtual void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  virtual void all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op = ReduceOp::kSum);
+  virtual WorkPtr all_reduce_async(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
+
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  // Returns a tensor of shape [size, ...input shape] holding every rank's input in rank order.
+  virtual torch::Tensor all_gather(const torch::Tensor& input) = 0;
+
+  virtual void send(const torch::Tensor& tensor, int peer, int tag = 0);
+  virtual void recv(torch::Tensor& tensor, int peer, int tag = 0);
+  virtual WorkPtr send_async(const torch::Tensor& tensor, int peer, int tag = 0) = 0;
+  virtual WorkPtr recv_async(torch::Tensor& tensor, int peer, int tag = 0) = 0;
+
+  virtual void barrier() = 0;
+
+ protected:
+  explicit Communicator(Topology topo) : topo_(std::move(topo)) {}
+  // Shared argument checks, each with a clear error.
+  void check_peer(int peer, const char* op) const;
+  void check_tensor(const torch::Tensor& t, const char* op) const;
+
+ private:
+  Topology topo_;
+};
+
+// The MPI backend on `comm` (duplicated, so our traffic never mixes with the caller's).
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD);
+
+// The backend named in `options`. NCCL: bootstraps from MPI (rank 0 makes the ncclUniqueId, MPI_Bcast
+// sends it), picks GPU local_rank, and fails with a clear message when built without CUDA.
+std::unique_ptr<Communicator> make_communicator(const CommOptions& options,
+                                                MPI_Comm comm = MPI_COMM_WORLD);
+
+Backend parse_backend(const std::string& name);
+const char* reduce_op_name(ReduceOp op);
+
+}  // namespace gpt2p::comm

@@ -1,0 +1,39 @@
+// The MPI runtime and this process's place in the job: the only global state the project has.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace gpt2p {
+
+// Where this process sits: world rank/size, and its rank among the processes of its node
+// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), which picks its GPU.
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string host;
+};
+
+// Initialises MPI (thread level FUNNELED) on construction and finalises it on destruction.
+// MPI errors on MPI_COMM_WORLD return codes instead of aborting, so GPT2P_MPI_CHECK can report them.
+class MpiEnv {
+ public:
+  MpiEnv(int* argc, char*** argv);
+  ~MpiEnv();
+  MpiEnv(const MpiEnv&) = delete;
+  MpiEnv& operator=(const MpiEnv&) = delete;
+
+  const Topology& topology() const { return topo_; }
+
+ private:
+  Topology topo_;
+  bool owns_ = false;
+};
+
+// Topology of an arbitrary communicator (MPI must be initialised).
+Topology query_topology(MPI_Comm comm);
+
+}  // namespace gpt2p

@@ -1,0 +1,3 @@
+// The precompiled header shared by every library that uses torch (see CMakeLists.txt).
+#pragma once
+#include <torch/torch.h>
