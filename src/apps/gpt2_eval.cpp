@@ -1,2 +1,214 @@
-// placeholder
-int main() { return 0; }
+// gpt2_eval: next-token loss and perplexity of a GPT-2 checkpoint (ours or Hugging Face's) on
+// token-id sequences (JSON lines) or on a split of a prepared dataset. Prints JSON on stdout.
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "gpt2p/cli/main_guard.h"
+#include "gpt2p/cli/options.h"
+#include "gpt2p/core/atomic_file.h"
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/data/batch.h"
+#include "gpt2p/data/dataset_file.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/hf_checkpoint.h"
+
+namespace {
+
+using gpt2p::model::GPT2;
+
+struct EvalOptions {
+  std::string checkpoint, ids_jsonl, data, split, dump_logits, device, precision;
+  int64_t batch_size = 8, max_len = 0, max_examples = 0;
+};
+
+GPT2 load_any(const std::string& dir) {
+  if (gpt2p::model::is_checkpoint_dir(dir)) {
+    GPT2 model = gpt2p::model::load_model(dir);
+    GPT2P_CHECK(model->is_full(),
+                "--checkpoint " << dir << " holds only layers [" << model->range().begin << ", "
+                                << model->range().end << ") of the model",
+                "evaluate a full-model checkpoint (gather the pipeline stages first)");
+    return model;
+  }
+  GPT2P_CHECK(gpt2p::model::is_hf_dir(dir),
+              "--checkpoint " << dir << " is neither a gpt2p checkpoint (meta.json) nor a Hugging "
+                              << "Face directory (config.json + model.safetensors)",
+              "pass a directory written by gpt2_train/save_checkpoint or by save_pretrained");
+  return gpt2p::model::load_hf(dir);
+}
+
+std::vector<std::vector<int64_t>> read_ids_jsonl(const std::string& path, int64_t vocab,
+                                                 int64_t n_ctx) {
+  std::ifstream in(path);
+  GPT2P_CHECK(in.good(), "cannot open --ids-jsonl " << path, "check the path");
+  std::vector<std::vector<int64_t>> seqs;
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    GPT2P_CHECK(j.is_object() && j.contains("ids") && j["ids"].is_array(),
+                path << ":" << line_no << ": expected {\"ids\": [...]}, got " << line.substr(0, 80),
+                "write one JSON object per line with an \"ids\" array of token ids");
+    std::vector<int64_t> ids;
+    for (const auto& v : j["ids"]) {
+      GPT2P_CHECK(
+          v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab,
+          path << ":" << line_no << ": id " << v.dump() << " is not in [0, " << vocab << ")",
+          "use token ids of the model's vocabulary");
+      ids.push_back(v.get<int64_t>());
+    }
+    GPT2P_CHECK(ids.size() >= 2 && static_cast<int64_t>(ids.size()) <= n_ctx,
+                path << ":" << line_no << ": " << ids.size() << " ids; need 2.." << n_ctx,
+                "a next-token loss needs >= 2 tokens and at most the model's context");
+    seqs.push_back(std::move(ids));
+  }
+  GPT2P_CHECK(!seqs.empty(), path << " holds no sequences",
+              "write at least one {\"ids\": [...]} line");
+  return seqs;
+}
+
+// Raw little-endian float32 [T, vocab_size], plus "<file>.json" with the shape.
+void dump_logits(const std::string& path, const torch::Tensor& logits) {
+  const auto cpu = logits.to(torch::kCPU, torch::kFloat32).contiguous();
+  gpt2p::write_atomically(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(static_cast<const char*>(cpu.data_ptr()),
+              static_cast<std::streamsize>(cpu.numel() * sizeof(float)));
+    out.close();
+    GPT2P_CHECK(!out.fail(), "writing " << tmp << " failed", "check free disk space");
+  });
+  const nlohmann::json meta = {
+      {"shape", cpu.sizes().vec()}, {"dtype", "float32"}, {"byte_order", "little"}};
+  gpt2p::write_text_atomically(path + ".json", meta.dump() + "\n");
+}
+
+nlohmann::json eval_ids(GPT2& model, const EvalOptions& o, torch::Device device) {
+  const auto& cfg = model->config();
+  const auto seqs = read_ids_jsonl(o.ids_jsonl, cfg.vocab_size, cfg.n_ctx);
+  double total = 0;
+  int64_t tokens = 0;
+  nlohmann::json per_seq = nlohmann::json::array();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto ids = torch::tensor(seqs[i], torch::kLong).unsqueeze(0).to(device);
+    const auto logits = model->forward(ids);
+    if (i == 0 && !o.dump_logits.empty()) {
+      dump_logits(o.dump_logits, logits[0].narrow(1, 0, cfg.vocab_size));
+    }
+    const double sum = gpt2p::model::lm_loss_all_sum(logits, ids, cfg.vocab_size).item<double>();
+    const int64_t n = ids.size(1) - 1;
+    per_seq.push_back({{"loss", sum / static_cast<double>(n)}, {"tokens", n}});
+    total += sum;
+    tokens += n;
+  }
+  const double loss = total / static_cast<double>(tokens);
+  return {
+      {"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", tokens}, {"sequences", per_seq}};
+}
+
+nlohmann::json eval_dataset(GPT2& model, const EvalOptions& o, torch::Device device) {
+  const auto& cfg = model->config();
+  const auto file = gpt2p::data::DatasetFile::open(o.data);
+  GPT2P_CHECK(file.meta().vocab_size <= cfg.vocab_size,
+              "dataset " << o.data << " has vocab " << file.meta().vocab_size
+                         << " but the model only " << cfg.vocab_size,
+              "evaluate a model trained with this dataset's tokenizer (vocab "
+                  << file.meta().vocab_size << ")");
+  const auto& split = file.split(o.split);
+  const int64_t max_len = o.max_len > 0 ? o.max_len : cfg.n_ctx;
+  GPT2P_CHECK(max_len <= cfg.n_ctx,
+              "--max-len " << max_len << " exceeds the model's n_ctx " << cfg.n_ctx,
+              "pass --max-len <= " << cfg.n_ctx);
+  const int64_t n = o.max_examples > 0 ? std::min(o.max_examples, split.size()) : split.size();
+  double total = 0, tokens = 0;
+  for (int64_t start = 0; start < n; start += o.batch_size) {
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(n, start + o.batch_size); ++i) idx.push_back(i);
+    const auto b = gpt2p::data::make_batch(split, idx, max_len, file.meta().special);
+    const std::vector<int64_t> shape = {b.batch_size, b.seq_len};
+    const auto inputs = torch::tensor(b.inputs, torch::kLong).view(shape).to(device);
+    const auto labels = torch::tensor(b.labels, torch::kLong).view(shape).to(device);
+    const auto mask = torch::tensor(b.mask, torch::kFloat32).view(shape).to(device);
+    const double count = mask.sum().item<double>();
+    if (count == 0) continue;
+    total += model->lm_loss(model->forward(inputs), labels, mask).item<double>() * count;
+    tokens += count;
+  }
+  GPT2P_CHECK(tokens > 0, "split '" << o.split << "' of " << o.data << " has no target tokens",
+              "check the dataset (prepare_data) or --max-len");
+  const double loss = total / tokens;
+  return {{"loss", loss},
+          {"perplexity", std::exp(loss)},
+          {"tokens", static_cast<int64_t>(tokens)},
+          {"examples", n},
+          {"split", o.split}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return gpt2p::cli::run_guarded(
+      "gpt2_eval", argc, argv, [](const gpt2p::Topology& topo, int ac, char** av) {
+        namespace po = gpt2p::cli::po;
+        EvalOptions o;
+        po::options_description desc("gpt2_eval options");
+        desc.add_options()(
+            "checkpoint", po::value(&o.checkpoint)->required(),
+            "model directory: a gpt2p checkpoint (meta.json) or a Hugging Face GPT-2 directory "
+            "(config.json + model.safetensors)")(
+            "ids-jsonl", po::value(&o.ids_jsonl),
+            "token-id sequences, one {\"ids\": [...]} per line "
+            "(loss as HF's labels=input_ids, pooled over all predicted tokens)")(
+            "data", po::value(&o.data),
+            "prepared dataset (.h5 from prepare_data); loss over target "
+            "tokens only")("split", po::value(&o.split)->default_value("validation"),
+                           "--data split: train|validation|test")(
+            "batch-size", po::value(&o.batch_size)->default_value(8),
+            "--data examples per forward pass")("max-len", po::value(&o.max_len)->default_value(0),
+                                                "--data row length in tokens (0 = model n_ctx)")(
+            "max-examples", po::value(&o.max_examples)->default_value(0),
+            "--data examples to use (0 = all)")(
+            "dump-logits", po::value(&o.dump_logits),
+            "write the first sequence's logits [T, vocab_size] "
+            "as raw little-endian float32 to this file (+ FILE.json with the shape)")(
+            "device", po::value(&o.device)->default_value("cpu"),
+            "cpu|cuda (cuda: GPU local_rank)")("precision",
+                                               po::value(&o.precision)->default_value("fp32"),
+                                               "fp32 (true fp32: no TF32)");
+        po::variables_map vm;
+        if (!gpt2p::cli::parse_or_help("gpt2_eval", "Loss and perplexity of a GPT-2 checkpoint.",
+                                       desc, ac, av, vm)) {
+          return 0;
+        }
+        if (o.ids_jsonl.empty() == o.data.empty()) {
+          throw gpt2p::cli::UsageError("pass exactly one of --ids-jsonl and --data");
+        }
+        if (o.device != "cpu" && o.device != "cuda") {
+          throw gpt2p::cli::UsageError("--device " + o.device + " is not cpu or cuda");
+        }
+        if (o.precision != "fp32") {
+          throw gpt2p::cli::UsageError("--precision " + o.precision +
+                                       " is not supported: use fp32");
+        }
+        if (o.batch_size < 1) throw gpt2p::cli::UsageError("--batch-size must be >= 1");
+        torch::Device device(torch::kCPU);
+        if (o.device == "cuda") {
+          GPT2P_CHECK(torch::cuda::is_available(), "--device cuda but no CUDA device is available",
+                      "run on a GPU machine with a CUDA build, or pass --device cpu");
+          device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
+        }
+        gpt2p::compat::set_strict_fp32(true);
+        torch::NoGradGuard no_grad;
+        GPT2 model = load_any(o.checkpoint);
+        model->to(device);
+        model->eval();
+        nlohmann::json out =
+            o.data.empty() ? eval_ids(model, o, device) : eval_dataset(model, o, device);
+        out["checkpoint"] = o.checkpoint;
+        out["device"] = o.device;
+        if (topo.rank == 0) std::cout << out.dump(2) << std::endl;
+        return 0;
+      });
+}

@@ -1,1 +1,156 @@
-// placeholder
+#include "gpt2p/comm/communicator.h"
+
+#include <sstream>
+
+#include "gpt2p/comm/mpi_communicator.h"
+#include "gpt2p/comm/nccl_communicator.h"
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::comm {
+namespace {
+
+bool supported(torch::ScalarType t) {
+  return t == torch::kFloat32 || t == torch::kFloat64 || t == torch::kInt32 || t == torch::kInt64 ||
+         t == torch::kBFloat16;
+}
+
+constexpr const char* kSupported = "float32, float64, int32, int64, bfloat16";
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+}  // namespace
+
+std::string dtype_name(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kFloat64:
+      return "float64";
+    case torch::kFloat16:
+      return "float16";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kInt8:
+      return "int8";
+    case torch::kUInt8:
+      return "uint8";
+    case torch::kInt16:
+      return "int16";
+    case torch::kInt32:
+      return "int32";
+    case torch::kInt64:
+      return "int64";
+    case torch::kBool:
+      return "bool";
+    default:
+      return c10::toString(type);
+  }
+}
+
+const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "avg"; }
+
+const char* backend_name(Backend backend) { return backend == Backend::kMpi ? "mpi" : "nccl"; }
+
+Backend parse_backend(const std::string& name) {
+  if (name == "mpi") return Backend::kMpi;
+  if (name == "nccl") return Backend::kNccl;
+  GPT2P_FAIL("unknown communication backend '" << name << "'",
+             "use 'mpi' (CPU tensors) or 'nccl' (CUDA tensors, CUDA builds only)");
+}
+
+bool nccl_available() {
+#ifdef GPT2P_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void Communicator::check_peer(int peer, const char* op) const {
+  GPT2P_CHECK(peer >= 0 && peer < size(),
+              op << ": invalid peer rank " << peer << " (communicator has " << size()
+                 << " ranks: 0.." << size() - 1 << ")",
+              "pass a peer rank in [0, " << size() << ")");
+  GPT2P_CHECK(peer != rank(), op << ": peer rank " << peer << " is this rank itself",
+              "send to / receive from another rank; copy the tensor locally instead");
+}
+
+void Communicator::check_tensor(const torch::Tensor& t, const char* op) const {
+  GPT2P_CHECK(t.defined(), op << ": the tensor is undefined",
+              "pass an allocated tensor (e.g. torch::empty(shape, options))");
+  GPT2P_CHECK(supported(t.scalar_type()),
+              op << ": unsupported dtype " << dtype_name(t.scalar_type()) << " (tensor of shape "
+                 << shape_of(t) << ")",
+              "convert the tensor to one of the supported dtypes: " << kSupported);
+  GPT2P_CHECK(t.device() == device(),
+              op << ": tensor is on " << t.device() << " but the " << backend_name()
+                 << " communicator works on " << device(),
+              "move the tensor with .to(comm.device()), or pick the backend that matches it "
+              "(mpi: cpu, nccl: cuda)");
+}
+
+void Communicator::check_reduce(const torch::Tensor& t, ReduceOp op, const char* what) const {
+  GPT2P_CHECK(op != ReduceOp::kAvg || t.is_floating_point(),
+              what << ": avg of " << dtype_name(t.scalar_type())
+                   << " tensors is not supported (integer division would truncate)",
+              "use ReduceOp::kSum and divide yourself, or reduce a floating-point tensor");
+}
+
+void Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  all_reduce_async(tensor, op)->wait();
+}
+
+void Communicator::all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
+  if (tensors.empty()) return;
+  const auto dtype = tensors.front().scalar_type();
+  std::vector<torch::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_tensor(tensors[i], "all_reduce(list)");
+    GPT2P_CHECK(tensors[i].scalar_type() == dtype,
+                "all_reduce(list): tensor " << i << " is " << dtype_name(tensors[i].scalar_type())
+                                            << " but tensor 0 is " << dtype_name(dtype),
+                "reduce tensors of different dtypes in separate calls (one list per dtype)");
+    flat.push_back(tensors[i].reshape({-1}));
+  }
+  torch::Tensor buffer = torch::cat(flat);
+  all_reduce(buffer, op);
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    const int64_t n = t.numel();
+    t.copy_(buffer.slice(0, offset, offset + n).view(t.sizes()));
+    offset += n;
+  }
+}
+
+void Communicator::send(const torch::Tensor& tensor, int peer, int tag) {
+  send_async(tensor, peer, tag)->wait();
+}
+
+void Communicator::recv(torch::Tensor& tensor, int peer, int tag) {
+  recv_async(tensor, peer, tag)->wait();
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<MpiCommunicator>(comm);
+}
+
+std::unique_ptr<Communicator> make_communicator(const CommOptions& options, MPI_Comm comm) {
+  if (options.backend == Backend::kMpi) {
+    MpiOptions mpi;
+    mpi.check_sizes = options.check_sizes;
+    return std::make_unique<MpiCommunicator>(comm, mpi);
+  }
+#ifdef GPT2P_WITH_CUDA
+  return make_nccl_communicator(comm, options);
+#else
+  GPT2P_FAIL("the nccl backend is not available: built without CUDA",
+             "rebuild against a CUDA libtorch, or use --device cpu (the mpi backend)");
+#endif
+}
+
+}  // namespace gpt2p::comm

@@ -1,1 +1,361 @@
-// placeholder
+// The NCCL backend (compiled only with GPT2P_WITH_CUDA). Made from the MPI one: MPI bootstraps it
+// (unique id broadcast) and carries the size-agreement check; NCCL moves the data.
+//
+// Streams, per call (see communicator.h):
+//   current stream --[ready event]--> our stream: NCCL kernels --[done event]--> Work
+//   Work::wait():        current stream waits on `done` (no host block), then copies back
+//   Work::synchronize(): host polls `done` and ncclCommGetAsyncError until the timeout
+#include "gpt2p/comm/nccl_communicator.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "gpt2p/comm/cuda_check.h"
+#include "gpt2p/comm/mpi_communicator.h"
+
+namespace gpt2p::comm {
+namespace {
+
+ncclDataType_t nccl_type(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return ncclFloat32;
+    case torch::kFloat64:
+      return ncclFloat64;
+    case torch::kInt32:
+      return ncclInt32;
+    case torch::kInt64:
+      return ncclInt64;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    default:
+      GPT2P_FAIL("no NCCL type for dtype " << dtype_name(t),
+                 "this is a bug: check_tensor let it through");
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
+
+// A CUDA event without timing, owned.
+class Event {
+ public:
+  Event() { GPT2P_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t s) { GPT2P_CUDA_CHECK(cudaEventRecord(event_, s)); }
+  void block(cudaStream_t s) { GPT2P_CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0)); }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// The NCCL communicator, shared by the Communicator and its Works (a Work may outlive a call).
+struct NcclState {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  std::chrono::milliseconds timeout{60000};
+  bool aborted = false;
+
+  ~NcclState() {
+    if (comm != nullptr && !aborted) {
+      cudaSetDevice(device);
+      ncclCommDestroy(comm);
+    }
+  }
+
+  [[noreturn]] void abort_and_throw(const std::string& what, const char* file, int line) {
+    if (!aborted) ncclCommAbort(comm);
+    aborted = true;
+    ::gpt2p::detail::throw_error(
+        what + " (the NCCL communicator was aborted)",
+        "a peer rank has probably died or diverged (made different calls); look "
+        "at the other ranks' errors, rerun with NCCL_DEBUG=WARN, or raise the "
+        "timeout if the step is legitimately slow",
+        file, line);
+  }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, std::unique_ptr<Event> done,
+           std::vector<torch::Tensor> keep, std::function<void()> finish)
+      : state_(std::move(state)),
+        done_(std::move(done)),
+        keep_(std::move(keep)),
+        finish_(std::move(finish)) {}
+
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(state_->device));
+    done_->block(c10::cuda::getCurrentCUDAStream(state_->device).stream());
+    if (finish_) finish_();  // copy-backs, queued on the current stream after the wait
+  }
+
+  void synchronize() override {
+    const auto start = std::chrono::steady_clock::now();
+    while (!is_completed()) {
+      ncclResult_t async_error = ncclSuccess;
+      GPT2P_NCCL_CHECK(ncclCommGetAsyncError(state_->comm, &async_error));
+      if (async_error != ncclSuccess && async_error != ncclInProgress) {
+        state_->abort_and_throw(
+            std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async_error),
+            __FILE__, __LINE__);
+      }
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited > state_->timeout) {
+        state_->abort_and_throw("NCCL operation did not complete within " +
+                                    std::to_string(state_->timeout.count()) + " ms",
+                                __FILE__, __LINE__);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    wait();
+    if (finish_) c10::cuda::getCurrentCUDAStream(state_->device).synchronize();
+  }
+
+  bool is_completed() override {
+    const cudaError_t rc = cudaEventQuery(done_->get());
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: clear it so later checks do not see it
+      return false;
+    }
+    GPT2P_CUDA_CHECK(rc);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<NcclState> state_;
+  std::unique_ptr<Event> done_;
+  std::vector<torch::Tensor> keep_;
+  std::function<void()> finish_;
+  bool waited_ = false;
+};
+
+// A contiguous tensor for NCCL to work in, and the copy back into the caller's tensor if needed.
+struct Staged {
+  torch::Tensor buffer;
+  std::function<void()> finish;
+};
+
+Staged stage(torch::Tensor& tensor) {
+  if (tensor.is_contiguous()) return {tensor, nullptr};
+  torch::Tensor buffer = tensor.contiguous();  // on the current stream, before the ready event
+  return {buffer, [tensor, buffer]() mutable { tensor.copy_(buffer); }};
+}
+
+int pick_device(const Topology& topo) {
+  int count = 0;
+  GPT2P_CUDA_CHECK(cudaGetDeviceCount(&count));
+  GPT2P_CHECK(topo.local_rank < count,
+              "rank " << topo.rank << " is local rank " << topo.local_rank << " on " << topo.host
+                      << " but that host has only " << count << " visible GPU(s)",
+              "start at most one rank per GPU on each host (mpirun -npernode <gpus>), or check "
+              "CUDA_VISIBLE_DEVICES");
+  GPT2P_CUDA_CHECK(cudaSetDevice(topo.local_rank));
+  return topo.local_rank;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm dup, const CommOptions& options)
+      : Communicator(query_topology(dup)),
+        mpi_comm_(dup),
+        check_sizes_(options.check_sizes),
+        state_(std::make_shared<NcclState>()),
+        device_(pick_device(topology())),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
+                                             static_cast<c10::DeviceIndex>(device_))) {
+    state_->device = device_;
+    state_->timeout = options.timeout;
+    ncclUniqueId id{};
+    if (rank() == 0) GPT2P_NCCL_CHECK(ncclGetUniqueId(&id));
+    GPT2P_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, mpi_comm_));
+    GPT2P_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()));
+  }
+
+  ~NcclCommunicator() override {
+    state_.reset();  // destroys the NCCL communicator unless Works still hold it
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized == 0) MPI_Comm_free(&mpi_comm_);
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  Backend backend() const override { return Backend::kNccl; }
+  std::string backend_name() const override { return "nccl"; }
+  torch::Device device() const override {
+    return {torch::kCUDA, static_cast<c10::DeviceIndex>(device_)};
+  }
+
+  void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    check_tensor(tensor, "all_reduce");
+    check_reduce(tensor, op, "all_reduce");
+    if (check_sizes_) {
+      detail::check_same_collective(mpi_comm_, "all_reduce", tensor.numel(), tensor.scalar_type(),
+                                    static_cast<int64_t>(op), "reduce op (0 sum, 1 avg)");
+    }
+    all_reduce_async(tensor, op)->wait();
+  }
+
+  void all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) override {
+    int64_t total = 0;
+    std::vector<Staged> staged;
+    std::vector<torch::Tensor> keep;
+    for (auto& t : tensors) {
+      check_tensor(t, "all_reduce(list)");
+      check_reduce(t, op, "all_reduce(list)");
+      total += t.numel();
+      staged.push_back(stage(t));
+      keep.push_back(staged.back().buffer);
+    }
+    if (check_sizes_) {
+      detail::check_same_collective(mpi_comm_, "all_reduce(list)", total,
+                                    tensors.empty() ? torch::kFloat32 : tensors[0].scalar_type(),
+                                    static_cast<int64_t>(tensors.size()), "list length");
+    }
+    auto finish = [staged] {
+      for (const auto& s : staged) {
+        if (s.finish) s.finish();
+      }
+    };
+    enqueue(std::move(keep), finish, [&](cudaStream_t stream) {
+      GPT2P_NCCL_CHECK(ncclGroupStart());
+      for (const auto& s : staged) {
+        if (s.buffer.numel() == 0) continue;
+        GPT2P_NCCL_CHECK(ncclAllReduce(
+            s.buffer.data_ptr(), s.buffer.data_ptr(), static_cast<size_t>(s.buffer.numel()),
+            nccl_type(s.buffer.scalar_type()), nccl_op(op), state_->comm, stream));
+      }
+      GPT2P_NCCL_CHECK(ncclGroupEnd());
+    })->wait();
+  }
+
+  WorkPtr all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {
+    check_tensor(tensor, "all_reduce_async");
+    check_reduce(tensor, op, "all_reduce_async");
+    Staged s = stage(tensor);
+    return enqueue({s.buffer}, s.finish, [&](cudaStream_t stream) {
+      if (s.buffer.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclAllReduce(
+          s.buffer.data_ptr(), s.buffer.data_ptr(), static_cast<size_t>(s.buffer.numel()),
+          nccl_type(s.buffer.scalar_type()), nccl_op(op), state_->comm, stream));
+    });
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    check_tensor(tensor, "broadcast");
+    GPT2P_CHECK(
+        root >= 0 && root < size(),
+        "broadcast: invalid root rank " << root << " (communicator has " << size() << " ranks)",
+        "pass a root in [0, " << size() << ")");
+    if (check_sizes_) {
+      detail::check_same_collective(mpi_comm_, "broadcast", tensor.numel(), tensor.scalar_type(),
+                                    root, "root");
+    }
+    Staged s = stage(tensor);
+    enqueue({s.buffer}, s.finish, [&](cudaStream_t stream) {
+      if (s.buffer.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclBroadcast(
+          s.buffer.data_ptr(), s.buffer.data_ptr(), static_cast<size_t>(s.buffer.numel()),
+          nccl_type(s.buffer.scalar_type()), root, state_->comm, stream));
+    })->wait();
+  }
+
+  torch::Tensor all_gather(const torch::Tensor& input) override {
+    check_tensor(input, "all_gather");
+    if (check_sizes_) {
+      detail::check_same_collective(mpi_comm_, "all_gather", input.numel(), input.scalar_type(), 0,
+                                    "-");
+    }
+    const torch::Tensor in = input.contiguous();
+    std::vector<int64_t> shape{size()};
+    shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
+    torch::Tensor out = torch::empty(shape, input.options());
+    enqueue({in, out}, nullptr, [&](cudaStream_t stream) {
+      if (in.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
+                                     nccl_type(in.scalar_type()), state_->comm, stream));
+    })->wait();
+    return out;
+  }
+
+  // Tags are not used by NCCL: messages between two ranks match in call order.
+  WorkPtr send_async(const torch::Tensor& tensor, int peer, int /*tag*/) override {
+    check_tensor(tensor, "send");
+    check_peer(peer, "send");
+    const torch::Tensor buffer = tensor.contiguous();
+    return enqueue({buffer}, nullptr, [&](cudaStream_t stream) {
+      if (buffer.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclSend(buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
+                                nccl_type(buffer.scalar_type()), peer, state_->comm, stream));
+    });
+  }
+
+  WorkPtr recv_async(torch::Tensor& tensor, int peer, int /*tag*/) override {
+    check_tensor(tensor, "recv");
+    check_peer(peer, "recv");
+    Staged s = stage(tensor);
+    return enqueue({s.buffer}, s.finish, [&](cudaStream_t stream) {
+      if (s.buffer.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclRecv(s.buffer.data_ptr(), static_cast<size_t>(s.buffer.numel()),
+                                nccl_type(s.buffer.scalar_type()), peer, state_->comm, stream));
+    });
+  }
+
+  // A one-element all_reduce, then the host waits for it (with the timeout).
+  void barrier() override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    torch::Tensor one =
+        torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device()));
+    all_reduce_async(one, ReduceOp::kSum)->synchronize();
+  }
+
+ private:
+  // Orders `calls` (NCCL on our stream) after the caller's current stream, records the tensors on
+  // our stream for the caching allocator, and returns the Work that waits for them.
+  template <class Calls>
+  WorkPtr enqueue(std::vector<torch::Tensor> keep, std::function<void()> finish, Calls&& calls) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
+    Event ready;
+    ready.record(current.stream());
+    ready.block(stream_.stream());
+    calls(stream_.stream());
+    for (const auto& t : keep) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    }
+    auto done = std::make_unique<Event>();
+    done->record(stream_.stream());
+    return std::make_unique<NcclWork>(state_, std::move(done), std::move(keep), std::move(finish));
+  }
+
+  MPI_Comm mpi_comm_;
+  bool check_sizes_;
+  std::shared_ptr<NcclState> state_;
+  int device_;
+  c10::cuda::CUDAStream stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const CommOptions& options) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  GPT2P_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
+  return std::make_unique<NcclCommunicator>(dup, options);
+}
+
+}  // namespace gpt2p::comm

@@ -1,1 +1,77 @@
-// placeholder
+#include "gpt2p/core/compat.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::compat {
+
+torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                         const torch::Tensor& v) {
+  const int64_t t_q = q.size(-2);
+  const int64_t t_k = k.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  const auto mask =
+      torch::ones({t_q, t_k}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+          .triu(1);
+  att = att.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att, -1);
+  return torch::matmul(att, v);
+}
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double dropout_p, bool training) {
+  const double p = training ? dropout_p : 0.0;
+#if GPT2P_TORCH_AT_LEAST(2, 0)
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
+#else
+  if (p == 0.0) return causal_attention_reference(q, k, v);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  const auto mask = torch::ones({q.size(-2), k.size(-2)},
+                                torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+                        .triu(1);
+  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+  att = torch::dropout(att, p, /*train=*/true);
+  return torch::matmul(att, v);
+#endif
+}
+
+const char* torch_version() { return TORCH_VERSION; }
+
+at::Generator make_cpu_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+std::string cpu_rng_state() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  const at::Tensor state = gen.get_state().contiguous();
+  return std::string(static_cast<const char*>(state.data_ptr()),
+                     static_cast<size_t>(state.numel() * state.element_size()));
+}
+
+void set_cpu_rng_state(const std::string& bytes) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const int64_t expected =
+      static_cast<int64_t>(cpu_rng_state().size());  // the state's size is fixed per version
+  GPT2P_CHECK(static_cast<int64_t>(bytes.size()) == expected,
+              "CPU RNG state has " << bytes.size() << " bytes, torch " << TORCH_VERSION
+                                   << " expects " << expected,
+              "the checkpoint was written by another libtorch version; resume without restoring "
+              "the RNG state or use the same libtorch");
+  auto state = torch::empty({expected}, torch::kUInt8);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+void set_strict_fp32(bool strict) {
+  at::globalContext().setAllowTF32CuBLAS(!strict);
+  at::globalContext().setAllowTF32CuDNN(!strict);
+}
+
+}  // namespace gpt2p::compat

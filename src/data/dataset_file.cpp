@@ -1,1 +1,301 @@
-// placeholder
+#include "gpt2p/data/dataset_file.h"
+
+#include <H5Cpp.h>
+
+#include <ctime>
+#include <filesystem>
+
+#include "gpt2p/core/atomic_file.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/data/corpus.h"
+
+namespace gpt2p::data {
+
+// ------------------------------------------------------------------------------------------------
+// Split
+// ------------------------------------------------------------------------------------------------
+void Split::add(const std::vector<int32_t>& src, const std::vector<int32_t>& tgt,
+                const std::string& text_de, const std::string& text_en) {
+  tokens_.insert(tokens_.end(), src.begin(), src.end());
+  tokens_.insert(tokens_.end(), tgt.begin(), tgt.end());
+  offsets_.push_back(static_cast<int64_t>(tokens_.size()));
+  src_lengths_.push_back(static_cast<int32_t>(src.size()));
+  text_de_.push_back(text_de);
+  text_en_.push_back(text_en);
+}
+
+void Split::check_index(int64_t i) const {
+  GPT2P_CHECK(i >= 0 && i < size(),
+              "example index " << i << " is out of range [0, " << size() << ")",
+              "index within the split's size()");
+}
+
+TokenSpan Split::src(int64_t i) const {
+  check_index(i);
+  return {tokens_.data() + offsets_[i], static_cast<size_t>(src_lengths_[i])};
+}
+
+TokenSpan Split::tgt(int64_t i) const {
+  check_index(i);
+  const int64_t start = offsets_[i] + src_lengths_[i];
+  return {tokens_.data() + start, static_cast<size_t>(offsets_[i + 1] - start)};
+}
+
+const std::string& Split::text_de(int64_t i) const {
+  check_index(i);
+  return text_de_[i];
+}
+
+const std::string& Split::text_en(int64_t i) const {
+  check_index(i);
+  return text_en_[i];
+}
+
+int64_t Split::src_tokens() const {
+  int64_t n = 0;
+  for (const int32_t len : src_lengths_) n += len;
+  return n;
+}
+
+int64_t Split::tgt_tokens() const { return static_cast<int64_t>(tokens_.size()) - src_tokens(); }
+
+Split Split::from_arrays(std::vector<int32_t> tokens, std::vector<int64_t> offsets,
+                         std::vector<int32_t> src_lengths, std::vector<std::string> text_de,
+                         std::vector<std::string> text_en, const std::string& where) {
+  const size_t n = src_lengths.size();
+  const char* hint = "the file is damaged or was not written by prepare_data: rerun prepare_data";
+  GPT2P_CHECK(offsets.size() == n + 1 && text_de.size() == n && text_en.size() == n,
+              where << ": inconsistent lengths: offsets " << offsets.size() << ", src_lengths " << n
+                    << ", text_de " << text_de.size() << ", text_en " << text_en.size()
+                    << " (offsets must have n+1 entries)",
+              hint);
+  GPT2P_CHECK(offsets.front() == 0 && offsets.back() == static_cast<int64_t>(tokens.size()),
+              where << ": offsets run from " << offsets.front() << " to " << offsets.back()
+                    << " but there are " << tokens.size() << " tokens",
+              hint);
+  for (size_t i = 0; i < n; ++i) {
+    GPT2P_CHECK(src_lengths[i] >= 0 && offsets[i] + src_lengths[i] <= offsets[i + 1],
+                where << ": example " << i << " has src length " << src_lengths[i] << " but only "
+                      << offsets[i + 1] - offsets[i] << " tokens",
+                hint);
+  }
+  Split s;
+  s.tokens_ = std::move(tokens);
+  s.offsets_ = std::move(offsets);
+  s.src_lengths_ = std::move(src_lengths);
+  s.text_de_ = std::move(text_de);
+  s.text_en_ = std::move(text_en);
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// HDF5 helpers
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+const H5::StrType& vlen_str() {
+  static const H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  return t;
+}
+
+template <class T>
+void write_array(H5::Group& g, const char* name, const H5::PredType& file_type,
+                 const H5::PredType& mem_type, const std::vector<T>& v) {
+  const hsize_t dims[1] = {v.size()};
+  H5::DataSpace space(1, dims);
+  H5::DataSet ds = g.createDataSet(name, file_type, space);
+  if (!v.empty()) ds.write(v.data(), mem_type);
+}
+
+void write_strings(H5::Group& g, const char* name, const std::vector<std::string>& v) {
+  const hsize_t dims[1] = {v.size()};
+  H5::DataSpace space(1, dims);
+  H5::DataSet ds = g.createDataSet(name, vlen_str(), space);
+  std::vector<const char*> ptrs;
+  ptrs.reserve(v.size());
+  for (const auto& s : v) ptrs.push_back(s.c_str());
+  if (!v.empty()) ds.write(ptrs.data(), vlen_str());
+}
+
+void set_attr(H5::H5Object& obj, const char* name, const std::string& value) {
+  H5::Attribute a = obj.createAttribute(name, vlen_str(), H5::DataSpace(H5S_SCALAR));
+  const char* p = value.c_str();
+  a.write(vlen_str(), &p);
+}
+
+void set_attr(H5::H5Object& obj, const char* name, int64_t value) {
+  H5::Attribute a = obj.createAttribute(name, H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR));
+  a.write(H5::PredType::NATIVE_INT64, &value);
+}
+
+std::string get_str_attr(const H5::H5Object& obj, const char* name, const std::string& where) {
+  GPT2P_CHECK(obj.attrExists(name), where << " has no attribute '" << name << "'",
+              "the file was not written by prepare_data (or by an older version): rerun "
+              "prepare_data");
+  H5::Attribute a = obj.openAttribute(name);
+  std::string value;
+  a.read(a.getStrType(), value);
+  return value;
+}
+
+int64_t get_int_attr(const H5::H5Object& obj, const char* name, const std::string& where) {
+  GPT2P_CHECK(obj.attrExists(name), where << " has no attribute '" << name << "'",
+              "the file was not written by prepare_data (or by an older version): rerun "
+              "prepare_data");
+  int64_t value = 0;
+  obj.openAttribute(name).read(H5::PredType::NATIVE_INT64, &value);
+  return value;
+}
+
+H5::DataSet open_1d(const H5::Group& g, const char* name, const std::string& where, hsize_t& n) {
+  GPT2P_CHECK(g.nameExists(name), where << "/" << name << " is missing",
+              "rerun prepare_data to rebuild the dataset file");
+  H5::DataSet ds = g.openDataSet(name);
+  H5::DataSpace space = ds.getSpace();
+  GPT2P_CHECK(space.getSimpleExtentNdims() == 1, where << "/" << name << " is not 1-D",
+              "rerun prepare_data to rebuild the dataset file");
+  space.getSimpleExtentDims(&n);
+  return ds;
+}
+
+template <class T>
+std::vector<T> read_array(const H5::Group& g, const char* name, const H5::PredType& mem_type,
+                          const std::string& where) {
+  hsize_t n = 0;
+  H5::DataSet ds = open_1d(g, name, where, n);
+  std::vector<T> v(n);
+  if (n > 0) ds.read(v.data(), mem_type);
+  return v;
+}
+
+std::vector<std::string> read_strings(const H5::Group& g, const char* name,
+                                      const std::string& where) {
+  hsize_t n = 0;
+  H5::DataSet ds = open_1d(g, name, where, n);
+  std::vector<std::string> out;
+  if (n == 0) return out;
+  std::vector<char*> ptrs(n, nullptr);
+  ds.read(ptrs.data(), vlen_str());
+  out.reserve(n);
+  for (char* p : ptrs) out.emplace_back(p != nullptr ? p : "");
+  H5::DataSpace space = ds.getSpace();
+  H5::DataSet::vlenReclaim(ptrs.data(), vlen_str(), space);
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Writing and reading
+// ------------------------------------------------------------------------------------------------
+void write_dataset_file(const std::string& path, const DatasetMeta& meta,
+                        const std::map<std::string, Split>& splits) {
+  for (const auto& name : split_names()) {
+    GPT2P_CHECK(splits.count(name) == 1,
+                "cannot write " << path << ": split '" << name << "' is missing",
+                "pass all of train, validation, test (an empty Split is fine)");
+  }
+  H5::Exception::dontPrint();  // errors are reported through gpt2p::Error instead
+  write_atomically(path, [&](const std::string& tmp) {
+    try {
+      H5::H5File file(tmp, H5F_ACC_TRUNC);
+      set_attr(file, "format", std::string(kDatasetFormat));
+      set_attr(file, "tokenizer_identity", meta.tokenizer_identity);
+      set_attr(file, "vocab_size", static_cast<int64_t>(meta.vocab_size));
+      set_attr(file, "eos_de_id", static_cast<int64_t>(meta.special.eos_de));
+      set_attr(file, "eos_en_id", static_cast<int64_t>(meta.special.eos_en));
+      set_attr(file, "pad_id", static_cast<int64_t>(meta.special.pad));
+      set_attr(file, "source", meta.source);
+      set_attr(file, "created", meta.created.empty() ? utc_now() : meta.created);
+      for (const auto& name : split_names()) {
+        const Split& s = splits.at(name);
+        set_attr(file, ("n_" + name).c_str(), s.size());
+        H5::Group g = file.createGroup("/" + name);
+        write_array(g, "tokens", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, s.tokens());
+        write_array(g, "offsets", H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64, s.offsets());
+        write_array(g, "src_lengths", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32,
+                    s.src_lengths());
+        write_strings(g, "text_de", s.texts_de());
+        write_strings(g, "text_en", s.texts_en());
+      }
+    } catch (const H5::Exception& e) {
+      GPT2P_FAIL("writing dataset file " << tmp << " failed: " << e.getDetailMsg(),
+                 "check that the directory is writable and has free space");
+    }
+  });
+}
+
+DatasetFile DatasetFile::open(const std::string& path) {
+  GPT2P_CHECK(
+      std::filesystem::exists(path), "dataset file " << path << " does not exist",
+      "create it with prepare_data --out " << path << " (default .cache/data/ding-gpt2.h5)");
+  H5::Exception::dontPrint();
+  bool is_hdf5 = false;
+  try {
+    is_hdf5 = H5::H5File::isHdf5(path);
+  } catch (const H5::Exception&) {
+  }
+  GPT2P_CHECK(is_hdf5, "dataset file " << path << " is not an HDF5 file",
+              "pass the .h5 file written by prepare_data");
+  DatasetFile d;
+  d.path_ = path;
+  try {
+    H5::H5File file(path, H5F_ACC_RDONLY);
+    const std::string format =
+        file.attrExists("format") ? get_str_attr(file, "format", path) : std::string("(none)");
+    GPT2P_CHECK(format == kDatasetFormat,
+                path << " is an HDF5 file but not a gpt2p dataset (format attribute '" << format
+                     << "', expected '" << kDatasetFormat << "')",
+                "pass the file written by prepare_data, or rerun prepare_data --out " << path);
+    d.meta_.tokenizer_identity = get_str_attr(file, "tokenizer_identity", path);
+    d.meta_.vocab_size = static_cast<int32_t>(get_int_attr(file, "vocab_size", path));
+    d.meta_.special.eos_de = static_cast<int32_t>(get_int_attr(file, "eos_de_id", path));
+    d.meta_.special.eos_en = static_cast<int32_t>(get_int_attr(file, "eos_en_id", path));
+    d.meta_.special.pad = static_cast<int32_t>(get_int_attr(file, "pad_id", path));
+    d.meta_.source = get_str_attr(file, "source", path);
+    d.meta_.created = get_str_attr(file, "created", path);
+    for (const auto& name : split_names()) {
+      const std::string where = path + ":/" + name;
+      GPT2P_CHECK(file.nameExists(name), where << " is missing",
+                  "rerun prepare_data to rebuild the dataset file");
+      H5::Group g = file.openGroup(name);
+      d.splits_.emplace(
+          name, Split::from_arrays(
+                    read_array<int32_t>(g, "tokens", H5::PredType::NATIVE_INT32, where),
+                    read_array<int64_t>(g, "offsets", H5::PredType::NATIVE_INT64, where),
+                    read_array<int32_t>(g, "src_lengths", H5::PredType::NATIVE_INT32, where),
+                    read_strings(g, "text_de", where), read_strings(g, "text_en", where), where));
+    }
+  } catch (const H5::Exception& e) {
+    GPT2P_FAIL("reading dataset file " << path << " failed: " << e.getDetailMsg(),
+               "the file may be damaged: rerun prepare_data");
+  }
+  return d;
+}
+
+void DatasetFile::require_tokenizer(const std::string& identity, int32_t vocab_size) const {
+  GPT2P_CHECK(identity == meta_.tokenizer_identity && vocab_size == meta_.vocab_size,
+              "dataset " << path_ << " was made with tokenizer " << meta_.tokenizer_identity
+                         << " (vocab " << meta_.vocab_size << ") but this run uses " << identity
+                         << " (vocab " << vocab_size << ")",
+              "rerun prepare_data with --vocab-dir pointing at this run's tokenizer files, or "
+              "point this run at the vocabulary the dataset was made with");
+}
+
+const Split& DatasetFile::split(const std::string& name) const {
+  const auto it = splits_.find(name);
+  GPT2P_CHECK(it != splits_.end(), "dataset " << path_ << " has no split '" << name << "'",
+              "use one of train, validation, test");
+  return it->second;
+}
+
+}  // namespace gpt2p::data

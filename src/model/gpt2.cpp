@@ -1,1 +1,230 @@
-// placeholder
+#include "gpt2p/model/gpt2.h"
+
+#include <cmath>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::model {
+
+namespace F = torch::nn::functional;
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+// ---------------------------------------------------------------------------------------------
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config)
+    : n_head_(config.n_head), dropout_(config.dropout) {
+  c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  auto qkv = c_attn(x).split(c, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& y) {
+    return y.view({b, t, n_head_, c / n_head_}).transpose(1, 2);  // [B,H,T,D]
+  };
+  auto y = compat::causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout_,
+                                    is_training());
+  y = y.transpose(1, 2).contiguous().view({b, t, c});
+  return resid_dropout_(c_proj(y));
+}
+
+MLPImpl::MLPImpl(const GPT2Config& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  dropout_ = register_module("dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return dropout_(c_proj(torch::gelu(c_fc(x), "tanh")));
+}
+
+BlockImpl::BlockImpl(const GPT2Config& config) {
+  const auto ln = torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_eps);
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
+  mlp = register_module("mlp", MLP(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto y = x + attn(ln_1(x));
+  return y + mlp(ln_2(y));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPT2
+// ---------------------------------------------------------------------------------------------
+GPT2Impl::GPT2Impl(const GPT2Config& config, LayerRange range) : config_(config), range_(range) {
+  config_.validate();
+  const int64_t n = config_.num_stage_layers();
+  if (range_.end == -1) range_.end = n;
+  GPT2P_CHECK(range_.begin >= 0 && range_.begin < range_.end && range_.end <= n,
+              "layer range [" << range.begin << ", " << range.end << ") is not a non-empty part of "
+                              << "the model's " << n << " layers [0, " << n << ")",
+              "layer 0 is the embedding, 1.." << config_.n_layer << " the blocks, " << n - 1
+                                              << " the head; pass begin < end <= " << n);
+  if (has_embedding() || has_head()) {
+    wte = register_module("wte", torch::nn::Embedding(config_.padded_vocab_size(), config_.n_embd));
+  }
+  if (has_embedding()) {
+    wpe = register_module("wpe", torch::nn::Embedding(config_.n_ctx, config_.n_embd));
+    drop_ = register_module("drop", torch::nn::Dropout(config_.dropout));
+  }
+  const int64_t first_block = std::max<int64_t>(range_.begin, 1);
+  const int64_t last_block = std::min<int64_t>(range_.end, config_.n_layer + 1);
+  if (first_block < last_block) {
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> blocks;
+    for (int64_t layer = first_block; layer < last_block; ++layer) {
+      blocks.emplace_back(std::to_string(layer - 1), Block(config_).ptr());
+    }
+    h = register_module("h", torch::nn::ModuleDict(blocks));
+  }
+  if (has_head()) {
+    ln_f = register_module(
+        "ln_f", torch::nn::LayerNorm(
+                    torch::nn::LayerNormOptions({config_.n_embd}).eps(config_.layer_norm_eps)));
+  }
+  reset_parameters(0);
+}
+
+torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
+  torch::Tensor hidden;
+  if (has_embedding()) {
+    GPT2P_CHECK(x.dim() == 2 && x.scalar_type() == torch::kLong,
+                "GPT-2 embedding stage expects token ids [B,T] int64, got " << x.sizes() << " "
+                                                                            << x.scalar_type(),
+                "pass a [batch, seq_len] tensor of dtype torch::kLong");
+    const int64_t t = x.size(1);
+    GPT2P_CHECK(t <= config_.n_ctx,
+                "sequence length " << t << " exceeds the model's context n_ctx = " << config_.n_ctx,
+                "cut sequences to at most " << config_.n_ctx << " tokens or use a larger n_ctx");
+    const auto pos =
+        torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+    hidden = drop_(wte(x) + wpe(pos));
+  } else {
+    GPT2P_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
+                "GPT-2 stage [" << range_.begin << ", " << range_.end
+                                << ") expects hidden states [B,T," << config_.n_embd << "], got "
+                                << x.sizes(),
+                "feed it the output of the previous stage");
+    hidden = x;
+  }
+  if (h) {
+    for (const auto& block : h->values()) hidden = block->as<BlockImpl>()->forward(hidden);
+  }
+  if (has_head()) hidden = F::linear(ln_f(hidden), wte->weight);
+  return hidden;
+}
+
+namespace {
+// Fills `p` from `gen` in float32 on the CPU, then copies (any device/dtype): same values anywhere.
+void init_normal(torch::Tensor p, double std, at::Generator& gen) {
+  auto tmp = torch::empty(p.sizes(), torch::kFloat32);
+  tmp.normal_(0.0, std, gen);
+  p.copy_(tmp);
+}
+
+void init_layer_norm(const torch::nn::LayerNorm& ln) {
+  ln->weight.fill_(1.0);
+  ln->bias.zero_();
+}
+
+void init_linear(const torch::nn::Linear& lin, double std, at::Generator& gen) {
+  init_normal(lin->weight, std, gen);
+  lin->bias.zero_();
+}
+
+constexpr double kInitStd = 0.02;
+constexpr uint64_t kLayerSeedStride = 1000003;
+}  // namespace
+
+void GPT2Impl::reset_parameters(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto layer_gen = [&](int64_t layer) {
+    return compat::make_cpu_generator(seed * kLayerSeedStride + static_cast<uint64_t>(layer));
+  };
+  if (wte) {  // layer 0's generator, so the head's copy equals the embedding's
+    auto gen = layer_gen(0);
+    init_normal(wte->weight, kInitStd, gen);
+    wte->weight.narrow(0, config_.vocab_size, config_.padded_vocab_size() - config_.vocab_size)
+        .zero_();
+    if (wpe) init_normal(wpe->weight, kInitStd, gen);
+  }
+  const double resid_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  if (h) {
+    for (const auto& item : h->items()) {
+      auto gen = layer_gen(std::stoll(item.first) + 1);
+      auto* block = item.second->as<BlockImpl>();
+      init_layer_norm(block->ln_1);
+      init_linear(block->attn->c_attn, kInitStd, gen);
+      init_linear(block->attn->c_proj, resid_std, gen);
+      init_layer_norm(block->ln_2);
+      init_linear(block->mlp->c_fc, kInitStd, gen);
+      init_linear(block->mlp->c_proj, resid_std, gen);
+    }
+  }
+  if (ln_f) init_layer_norm(ln_f);
+}
+
+torch::Tensor GPT2Impl::tied_parameter() const { return wte ? wte->weight : torch::Tensor(); }
+
+torch::Tensor GPT2Impl::lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                                const torch::Tensor& mask) const {
+  return model::lm_loss(logits, labels, mask, config_.vocab_size);
+}
+
+torch::Tensor GPT2Impl::lm_loss_all(const torch::Tensor& logits, const torch::Tensor& ids) const {
+  return model::lm_loss_all(logits, ids, config_.vocab_size);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Losses
+// ---------------------------------------------------------------------------------------------
+namespace {
+// Per-position cross-entropy over the first vocab_size columns, flattened, float32.
+torch::Tensor token_losses(const torch::Tensor& logits, const torch::Tensor& targets,
+                           int64_t vocab_size) {
+  GPT2P_CHECK(logits.dim() == 3 && logits.size(2) >= vocab_size,
+              "logits " << logits.sizes() << " are not [B,T,V] with V >= vocab_size " << vocab_size,
+              "pass the output of the model's head");
+  GPT2P_CHECK(targets.sizes() == logits.sizes().slice(0, 2),
+              "labels " << targets.sizes() << " do not match logits " << logits.sizes(),
+              "labels must be [B,T] like the logits' first two dimensions");
+  const auto real = logits.narrow(2, 0, vocab_size).to(torch::kFloat32).reshape({-1, vocab_size});
+  return F::cross_entropy(real, targets.reshape({-1}).to(torch::kLong),
+                          F::CrossEntropyFuncOptions().reduction(torch::kNone));
+}
+}  // namespace
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                      const torch::Tensor& mask, int64_t vocab_size) {
+  GPT2P_CHECK(mask.sizes() == labels.sizes(),
+              "loss mask " << mask.sizes() << " does not match labels " << labels.sizes(),
+              "pass a [B,T] mask with 1 where the label counts");
+  const auto keep = mask.to(logits.device()).to(torch::kFloat32).reshape({-1});
+  // Labels under mask 0 may be anything (padding, -100): make them valid, their loss is dropped.
+  const auto safe = labels.to(logits.device()).masked_fill(mask.to(logits.device()) == 0, 0);
+  const auto losses = token_losses(logits, safe, vocab_size);
+  return (losses * keep).sum() / keep.sum().clamp_min(1.0);
+}
+
+torch::Tensor lm_loss_all_sum(const torch::Tensor& logits, const torch::Tensor& ids,
+                              int64_t vocab_size) {
+  const int64_t t = logits.size(1);
+  GPT2P_CHECK(t >= 2, "a loss over shifted ids needs sequences of >= 2 tokens, got " << t,
+              "drop sequences shorter than 2 tokens");
+  const auto shifted = logits.narrow(1, 0, t - 1);
+  const auto targets = ids.to(logits.device()).narrow(1, 1, t - 1);
+  return token_losses(shifted, targets, vocab_size).sum();
+}
+
+torch::Tensor lm_loss_all(const torch::Tensor& logits, const torch::Tensor& ids,
+                          int64_t vocab_size) {
+  const int64_t n = logits.size(0) * (logits.size(1) - 1);
+  return lm_loss_all_sum(logits, ids, vocab_size) / static_cast<double>(std::max<int64_t>(n, 1));
+}
+
+}  // namespace gpt2p::model

@@ -1,1 +1,171 @@
-// placeholder
+#include "gpt2p/model/hf_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gpt2p/core/atomic_file.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/model/safetensors.h"
+
+namespace gpt2p::model {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kPrefix = "transformer.";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HF's Conv1D layers keep weights as [in, out].
+bool is_conv1d_weight(const std::string& name) {
+  return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  GPT2P_CHECK(in.good(), "cannot open " << path, "check the checkpoint directory");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    GPT2P_FAIL(path << " is not valid JSON: " << e.what(), "fix or re-create the file");
+  }
+}
+
+int64_t hf_int(const nlohmann::json& j, const char* key, const std::string& path) {
+  GPT2P_CHECK(j.contains(key) && j[key].is_number_integer(),
+              path << ": field '" << key << "' is missing or not an integer",
+              "a GPT-2 config.json has n_layer, n_head, n_embd, n_positions and vocab_size");
+  return j[key].get<int64_t>();
+}
+}  // namespace
+
+bool is_hf_dir(const std::string& dir) {
+  return fs::is_regular_file(fs::path(dir) / "config.json") &&
+         fs::is_regular_file(fs::path(dir) / "model.safetensors");
+}
+
+GPT2Config read_hf_config(const std::string& dir, int64_t extra_vocab) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  const auto j = read_json(path);
+  if (j.contains("model_type")) {
+    GPT2P_CHECK(j["model_type"] == "gpt2",
+                path << ": model_type is " << j["model_type"].dump() << ", not \"gpt2\"",
+                "only GPT-2 checkpoints can be imported");
+  }
+  if (j.contains("activation_function")) {
+    GPT2P_CHECK(
+        j["activation_function"] == "gelu_new",
+        path << ": activation_function " << j["activation_function"].dump() << " is not supported",
+        "our blocks use tanh-GELU (\"gelu_new\"), as every released GPT-2 does");
+  }
+  GPT2Config c;
+  c.n_layer = hf_int(j, "n_layer", path);
+  c.n_head = hf_int(j, "n_head", path);
+  c.n_embd = hf_int(j, "n_embd", path);
+  c.n_ctx = hf_int(j, "n_positions", path);
+  c.vocab_size = hf_int(j, "vocab_size", path) + extra_vocab;
+  if (j.contains("layer_norm_epsilon")) c.layer_norm_eps = j["layer_norm_epsilon"].get<double>();
+  if (j.contains("resid_pdrop")) c.dropout = j["resid_pdrop"].get<double>();
+  c.validate();
+  return c;
+}
+
+void import_hf(const std::string& dir, GPT2Impl& model) {
+  const std::string path = (fs::path(dir) / "model.safetensors").string();
+  const auto file = read_safetensors(path);
+  auto find = [&](const std::string& ours) -> const torch::Tensor* {
+    for (const std::string& name : {kPrefix + ours, ours}) {
+      if (auto it = file.tensors.find(name); it != file.tensors.end()) return &it->second;
+    }
+    return nullptr;
+  };
+  const GPT2Config& cfg = model.config();
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& param = item.value();
+    const torch::Tensor* src = find(name);
+    GPT2P_CHECK(src != nullptr,
+                path << " has no tensor '" << kPrefix << name << "' (nor '" << name << "')",
+                "the file is not a GPT-2 checkpoint of this depth (" << cfg.n_layer << " layers)");
+    torch::Tensor value = is_conv1d_weight(name) ? src->t() : *src;
+    if (name == "wte.weight") {
+      const int64_t hf_vocab = value.size(0);
+      GPT2P_CHECK(value.dim() == 2 && value.size(1) == cfg.n_embd && hf_vocab <= cfg.vocab_size,
+                  path << ": wte is " << value.sizes() << ", the model needs at most ["
+                       << cfg.vocab_size << ", " << cfg.n_embd << "]",
+                  "build the model from the checkpoint's config (read_hf_config)");
+      const auto rows = param.narrow(0, 0, hf_vocab);
+      rows.copy_(value);
+      if (cfg.vocab_size > hf_vocab) {
+        param.narrow(0, hf_vocab, cfg.vocab_size - hf_vocab)
+            .copy_(value.to(torch::kFloat64)
+                       .mean(0, /*keepdim=*/true)
+                       .expand({cfg.vocab_size - hf_vocab, cfg.n_embd}));
+      }
+      param.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
+      if (const auto it = file.tensors.find("lm_head.weight"); it != file.tensors.end()) {
+        GPT2P_CHECK(it->second.sizes() == value.sizes() && torch::equal(it->second, value),
+                    path << ": lm_head.weight differs from wte.weight",
+                    "our GPT-2 ties the head to the embedding; untied checkpoints cannot be "
+                    "imported");
+      }
+      continue;
+    }
+    GPT2P_CHECK(value.sizes() == param.sizes(),
+                path << ": tensor '" << name << "' has shape " << value.sizes()
+                     << " (after the Conv1D transpose), the model's is " << param.sizes(),
+                "build the model from the checkpoint's config (read_hf_config)");
+    param.copy_(value);
+  }
+}
+
+GPT2 load_hf(const std::string& dir, int64_t extra_vocab) {
+  GPT2 model(read_hf_config(dir, extra_vocab));
+  import_hf(dir, *model);
+  return model;
+}
+
+void export_hf(const std::string& dir, const GPT2Impl& model) {
+  GPT2P_CHECK(model.is_full(),
+              "cannot export stage [" << model.range().begin << ", " << model.range().end
+                                      << ") to Hugging Face format",
+              "export the full model (gather the stages into one GPT2 first)");
+  const GPT2Config& c = model.config();
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& item : model.named_parameters()) {
+    torch::Tensor t = item.value().detach().to(torch::kCPU, torch::kFloat32);
+    if (item.key() == "wte.weight") t = t.narrow(0, 0, c.vocab_size);
+    if (is_conv1d_weight(item.key())) t = t.t();
+    tensors.emplace(kPrefix + item.key(), t.contiguous());
+  }
+  const nlohmann::json config = {{"model_type", "gpt2"},
+                                 {"architectures", {"GPT2LMHeadModel"}},
+                                 {"n_layer", c.n_layer},
+                                 {"n_head", c.n_head},
+                                 {"n_embd", c.n_embd},
+                                 {"n_positions", c.n_ctx},
+                                 {"n_ctx", c.n_ctx},
+                                 {"vocab_size", c.vocab_size},
+                                 {"layer_norm_epsilon", c.layer_norm_eps},
+                                 {"activation_function", "gelu_new"},
+                                 {"resid_pdrop", c.dropout},
+                                 {"embd_pdrop", c.dropout},
+                                 {"attn_pdrop", c.dropout},
+                                 {"initializer_range", 0.02},
+                                 {"bos_token_id", kGpt2BaseVocab - 1},
+                                 {"eos_token_id", kGpt2BaseVocab - 1},
+                                 {"tie_word_embeddings", true},
+                                 {"torch_dtype", "float32"}};
+  write_dir_atomically(dir, [&](const std::string& tmp) {
+    write_safetensors((fs::path(tmp) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    write_text_atomically((fs::path(tmp) / "config.json").string(), config.dump(2) + "\n");
+  });
+}
+
+}  // namespace gpt2p::model

@@ -1,1 +1,245 @@
-// placeholder
+#include "gpt2p/parallel/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/evaluator.h"
+#include "gpt2p/parallel/grad_sync.h"
+#include "gpt2p/parallel/run_context.h"
+#include "gpt2p/parallel/train_data.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct DeviceBatch {
+  torch::Tensor inputs, labels, mask;
+};
+
+DeviceBatch to_device(const data::Batch& b, const torch::Device& device) {
+  const std::vector<int64_t> shape{b.batch_size, b.seq_len};
+  auto copy = [&](const void* ptr, torch::ScalarType t) {
+    auto host = torch::from_blob(const_cast<void*>(ptr), shape, t);
+    if (device.is_cuda()) return host.pin_memory().to(device, /*non_blocking=*/true);
+    return host.clone();
+  };
+  return {copy(b.inputs.data(), torch::kInt64), copy(b.labels.data(), torch::kInt64),
+          copy(b.mask.data(), torch::kFloat32)};
+}
+
+std::string format_eta(double seconds) {
+  const auto s = static_cast<long long>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lldh%02lldm%02llds", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+// Everything one optimizer step needs, so the loop below reads as the algorithm.
+struct Step {
+  io::StepRecord rec;
+  double local_loss_sum = 0;  // sum of masked CE over this rank's target tokens
+};
+
+}  // namespace
+
+int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, const Topology& topo) {
+  const char* name = program == cli::Program::kSingle ? "gpt2_train" : "dp_train";
+  auto ctx = make_run_context(cfg_in, program, topo);
+  const auto& cfg = ctx.cfg;
+  GPT2P_CHECK(program != cli::Program::kSingle || topo.size == 1,
+              "gpt2_train is the single-rank trainer but runs on " << topo.size << " ranks",
+              "use mpirun -np N dp_train for data parallelism");
+  const int world = topo.size;
+  const int rank = topo.rank;
+  GPT2P_CHECK(cfg.batch_size % world == 0,
+              "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
+              "pass a global batch that is a multiple of the number of ranks");
+
+  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
+                  cfg.batch_size, cfg.seq_len, cfg.seed},
+                 rank, world);
+  const int64_t micro = data.local_batch() / cfg.grad_accum;
+  GPT2P_CHECK(micro * cfg.grad_accum == data.local_batch(),
+              "per-rank batch " << data.local_batch() << " does not split into --grad-accum "
+                                << cfg.grad_accum << " micro-steps",
+              "pick --grad-accum dividing --batch-size / ranks");
+
+  torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));  // dropout differs per rank
+  model::GPT2 model(ctx.model_config);
+  model->reset_parameters(cfg.seed);
+  if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
+  model->to(ctx.device);
+  if (world > 1) broadcast_parameters(model, *ctx.comm);
+  auto params = model->parameters();
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+
+  model::TrainState state;
+  if (!cfg.resume.empty()) {
+    state = model::load_checkpoint(cfg.resume, *model, &optimizer);
+    compat::set_cpu_rng_state(state.rng_state);
+    data.set_position({state.epoch, state.batch_in_epoch});
+  }
+  const auto reduce_dtype = cfg.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  auto sync = make_grad_sync(world == 1 ? "none" : cfg.grad_sync, ctx.comm.get(), params,
+                             cfg.bucket_mb, reduce_dtype);
+
+  io::RunRecorder recorder(cfg.out, run_identity(ctx, name));
+  const bool bf16 = cfg.precision == "bf16";
+  const int64_t vocab = ctx.model_config.vocab_size;
+  const auto logits_fn = [&](const torch::Tensor& ids) {
+    compat::AutocastGuard autocast(ctx.device, bf16);
+    return model->forward(ids).to(torch::kFloat32);
+  };
+  if (rank == 0) {
+    std::printf("%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
+                "sync %s\n",
+                name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+                model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
+                static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+                sync->name().c_str());
+    std::fflush(stdout);
+  }
+
+  const auto run_start = Clock::now();
+  const int64_t per_epoch = data.batches_per_epoch();
+  compat::DeviceClock clock(ctx.device, 2 * cfg.grad_accum + 3);
+  int64_t step = state.step;
+  bool done = false;
+  const auto save = [&](int64_t epoch, int64_t batch) {
+    if (rank != 0) return;
+    model::TrainState s{step, epoch, batch, cfg.seed, compat::cpu_rng_state(), cli::to_json(cfg)};
+    model::save_checkpoint(cfg.out + "/checkpoint", *model, &optimizer, s);
+  };
+
+  for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
+    model->train();
+    compat::reset_peak_memory(ctx.device);
+    double epoch_time = 0;
+    int64_t epoch_tokens = 0;
+    int64_t epoch_targets = 0;
+    for (int64_t b = data.position().batch; b < per_epoch; ++b) {
+      io::StepRecord rec;
+      rec.step = step;
+      rec.epoch = epoch;
+      const auto t0 = Clock::now();
+      rec.start = std::chrono::duration<double>(t0 - run_start).count();
+      auto batch = data.next();
+      auto dev = to_device(batch.batch, ctx.device);
+      rec.data = since(t0);
+      clock.mark(0);
+      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
+      for (int k = 0; k < cfg.grad_accum; ++k) {
+        torch::Tensor loss;
+        {
+          compat::AutocastGuard autocast(ctx.device, bf16);
+          auto logits = model->forward(dev.inputs.narrow(0, k * micro, micro));
+          loss = scaled_loss(logits, dev.labels.narrow(0, k * micro, micro),
+                             dev.mask.narrow(0, k * micro, micro), vocab,
+                             batch.global_target_tokens, world);
+        }
+        clock.mark(1 + 2 * k);
+        sync->begin_backward(k + 1 == cfg.grad_accum);
+        loss.backward();
+        clock.mark(2 + 2 * k);
+        loss_sum += loss.detach();
+      }
+      sync->end_backward();
+      const int sync_mark = 2 * cfg.grad_accum + 1;
+      clock.mark(sync_mark);
+      if (cfg.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
+      optimizer.step();
+      for (auto& p : params) p.mutable_grad() = torch::Tensor();
+      clock.mark(sync_mark + 1);
+      const auto times = sync->finish_step();
+      for (int k = 0; k < cfg.grad_accum; ++k) {
+        rec.forward += clock.elapsed(2 * k, 1 + 2 * k);
+        rec.backward += clock.elapsed(1 + 2 * k, 2 + 2 * k);
+      }
+      rec.sync_exposed = clock.elapsed(sync_mark - 1, sync_mark);
+      rec.sync_total = std::max(times.total, rec.sync_exposed);
+      rec.optimizer = clock.elapsed(sync_mark, sync_mark + 1);
+      rec.end = std::chrono::duration<double>(Clock::now() - run_start).count();
+      rec.padded_tokens = batch.batch.padded_tokens;
+      rec.target_tokens = batch.batch.target_tokens;
+      // loss_sum = local masked CE sum * world / global targets; report this rank's mean.
+      const double local_sum = loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world;
+      rec.loss = batch.batch.target_tokens > 0 ? local_sum / static_cast<double>(batch.batch.target_tokens) : 0.0;
+      rec.lr = cfg.lr;
+      GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << step,
+                  "lower --lr, or use --precision fp32");
+      recorder.step(rec);
+      epoch_time += rec.end - rec.start;
+      epoch_tokens += rec.padded_tokens;
+      epoch_targets += rec.target_tokens;
+      ++step;
+      if (rank == 0 && (step % cfg.log_every == 0 || b + 1 == per_epoch)) {
+        const double step_time = rec.end - rec.start;
+        const double remaining = static_cast<double>((cfg.epochs - epoch - 1) * per_epoch + (per_epoch - b - 1));
+        std::printf("epoch %lld/%d step %lld/%lld loss %.4f tok/s %.0f (all ranks) eta %s\n",
+                    static_cast<long long>(epoch + 1), cfg.epochs, static_cast<long long>(b + 1),
+                    static_cast<long long>(per_epoch), rec.loss,
+                    static_cast<double>(rec.padded_tokens) * world / step_time,
+                    format_eta(remaining * step_time).c_str());
+        std::fflush(stdout);
+      }
+      if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
+      if (cfg.max_steps > 0 && step >= cfg.max_steps) {
+        done = true;
+        break;
+      }
+    }
+    data.set_position({epoch + 1, 0});
+    // HW5's per-rank line, then evaluation (not part of the training time).
+    std::printf("Epoch %lld on Rank %d: Training Time = %.4f, Tokens_per_sec = %.1f\n",
+                static_cast<long long>(epoch), rank, epoch_time,
+                static_cast<double>(epoch_tokens) / epoch_time);
+    std::fflush(stdout);
+    model->eval();
+    const auto val = validation_loss(logits_fn, data.dataset().split("validation"),
+                                     cfg.max_eval_pairs, micro, cfg.seq_len, data.special(), vocab,
+                                     ctx.device, world > 1 ? ctx.comm.get() : nullptr);
+    double bleu = std::nan("");
+    if (rank == 0 && cfg.translate_samples > 0) {
+      const auto samples = translate(logits_fn, data.dataset().split("test"), cfg.translate_samples,
+                                     cfg.seq_len, data.special(), vocab, ctx.tokenizer, ctx.device);
+      bleu = translations_bleu(samples);
+      for (const auto& t : samples) {
+        std::printf("  de: %s\n  en: %s\n  model: %s\n", t.source.c_str(), t.reference.c_str(),
+                    t.hypothesis.c_str());
+      }
+    }
+    if (rank == 0) {
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f, BLEU (%d test pairs) %.2f\n",
+                  static_cast<long long>(epoch + 1), val.loss, val.perplexity, cfg.translate_samples, bleu);
+      std::fflush(stdout);
+    }
+    io::EpochRecord er;
+    er.epoch = epoch;
+    er.train_time = epoch_time;
+    er.padded_tokens = epoch_tokens;
+    er.tokens_per_sec = static_cast<double>(epoch_tokens) / epoch_time;
+    er.target_tokens_per_sec = static_cast<double>(epoch_targets) / epoch_time;
+    er.val_loss = val.loss;
+    er.val_ppl = val.perplexity;
+    er.bleu = bleu;
+    er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
+    recorder.epoch(er);
+    if (cfg.save_every == 0) save(epoch + 1, 0);
+  }
+  recorder.set_attribute("peak_memory_bytes", static_cast<double>(compat::peak_memory_bytes(ctx.device)));
+  recorder.close();
+  if (world > 1) ctx.comm->barrier();
+  return 0;
+}
+
+}  // namespace gpt2p::parallel

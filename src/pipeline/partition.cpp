@@ -1,1 +1,154 @@
-// placeholder
+#include "gpt2p/pipeline/partition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::pipeline {
+namespace {
+
+void check_stage_count(int n_blocks, int n_stages, const char* where) {
+  GPT2P_CHECK(n_blocks >= 1, where << ": n_blocks = " << n_blocks << " < 1",
+              "the model needs at least one transformer block");
+  GPT2P_CHECK(n_stages >= 1, where << ": n_stages = " << n_stages << " < 1",
+              "run at least one pipeline stage (one rank)");
+  GPT2P_CHECK(n_stages <= n_blocks,
+              where << ": n_stages = " << n_stages
+                    << " is more than the model's n_blocks = " << n_blocks << " transformer blocks",
+              "run at most " << n_blocks
+                             << " pipeline stages (ranks per pipeline), or use a "
+                                "model with at least "
+                             << n_stages << " blocks");
+}
+
+}  // namespace
+
+Partition partition_uniform(int n_blocks, int n_stages) {
+  check_stage_count(n_blocks, n_stages, "partition_uniform");
+  const int per_stage = (n_blocks + n_stages - 1) / n_stages;
+  // Block boundaries b_k = min(k * per_stage, L); stage k holds blocks [b_k, b_{k+1}), i.e.
+  // layers [b_k + 1, b_{k+1} + 1), plus the embedding (stage 0) and the head (last stage).
+  auto boundary = [&](int k) { return std::min(k * per_stage, n_blocks); };
+  Partition partition(n_stages);
+  for (int k = 0; k < n_stages; ++k) {
+    partition[k].begin = k == 0 ? 0 : boundary(k) + 1;
+    partition[k].end = k == n_stages - 1 ? n_blocks + 2 : boundary(k + 1) + 1;
+    GPT2P_CHECK(partition[k].size() > 0,
+                "partition_uniform: " << n_blocks << " blocks at ceil(" << n_blocks << "/"
+                                      << n_stages << ") = " << per_stage
+                                      << " per stage leave stage " << k << " of " << n_stages
+                                      << " without any layer",
+                "use a stage count that divides the " << n_blocks
+                                                      << " blocks, fewer stages, or the "
+                                                         "balanced partition");
+  }
+  return partition;
+}
+
+Partition partition_balanced(const std::vector<double>& layer_costs, int n_stages) {
+  const int n_layers = static_cast<int>(layer_costs.size());
+  GPT2P_CHECK(n_layers >= 3,
+              "partition_balanced: " << n_layers << " layer costs given; expected L + 2 >= 3 "
+                                     << "(embedding, L blocks, head)",
+              "pass one cost per layer: layer_costs_flops() or measured per-layer times");
+  check_stage_count(n_layers - 2, n_stages, "partition_balanced");
+  std::vector<double> prefix(n_layers + 1, 0.0);
+  for (int i = 0; i < n_layers; ++i) {
+    GPT2P_CHECK(std::isfinite(layer_costs[i]) && layer_costs[i] >= 0.0,
+                "partition_balanced: cost of layer " << i << " is " << layer_costs[i],
+                "layer costs must be finite and >= 0");
+    prefix[i + 1] = prefix[i] + layer_costs[i];
+  }
+  auto cost = [&](int begin, int end) { return prefix[end] - prefix[begin]; };
+
+  // best[k][i]: the smallest possible largest stage cost when layers [0, i) go on k stages.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(n_stages + 1, std::vector<double>(n_layers + 1, inf));
+  for (int i = 1; i <= n_layers; ++i) best[1][i] = cost(0, i);
+  for (int k = 2; k <= n_stages; ++k) {
+    for (int i = k; i <= n_layers; ++i) {
+      for (int j = k - 1; j < i; ++j) {
+        best[k][i] = std::min(best[k][i], std::max(best[k - 1][j], cost(j, i)));
+      }
+    }
+  }
+  const double bound = best[n_stages][n_layers];
+
+  // From the last stage backwards, give each stage as many layers as the optimum allows while the
+  // stages before it can still meet it.
+  Partition partition(n_stages);
+  int end = n_layers;
+  for (int k = n_stages - 1; k >= 1; --k) {
+    int begin = k;
+    while (cost(begin, end) > bound || best[k][begin] > bound) ++begin;
+    partition[k] = LayerRange{begin, end};
+    end = begin;
+  }
+  partition[0] = LayerRange{0, end};
+  return partition;
+}
+
+std::vector<double> layer_costs_flops(int n_layer, int n_embd, int n_head, int seq_len,
+                                      int vocab_size) {
+  GPT2P_CHECK(n_layer >= 1 && n_embd >= 1 && n_head >= 1 && seq_len >= 1 && vocab_size >= 1,
+              "layer_costs_flops: n_layer " << n_layer << ", n_embd " << n_embd << ", n_head "
+                                            << n_head << ", seq_len " << seq_len << ", vocab_size "
+                                            << vocab_size << ": all must be >= 1",
+              "pass the model config (e.g. GPT-2 small: 12, 768, 12, 1024, 50257)");
+  GPT2P_CHECK(n_embd % n_head == 0,
+              "layer_costs_flops: n_embd " << n_embd << " is not a multiple of n_head " << n_head,
+              "use an n_embd divisible by n_head");
+  const double t = seq_len;
+  const double c = n_embd;
+  const double v = vocab_size;
+  const double block = 3.0 * (24.0 * t * c * c + 4.0 * t * t * c);
+  const double head = 3.0 * (2.0 * t * c * v);
+  std::vector<double> costs(n_layer + 2, block);
+  costs.front() = 0.0;
+  costs.back() = head;
+  return costs;
+}
+
+std::vector<double> stage_costs(const std::vector<double>& layer_costs,
+                                const Partition& partition) {
+  const int n_layers = static_cast<int>(layer_costs.size());
+  GPT2P_CHECK(!partition.empty(), "stage_costs: the partition has no stages",
+              "pass a partition made for these layer costs (partition_uniform/balanced)");
+  std::vector<double> out;
+  int expect = 0;
+  for (size_t s = 0; s < partition.size(); ++s) {
+    const LayerRange& r = partition[s];
+    GPT2P_CHECK(r.begin == expect && r.end > r.begin && r.end <= n_layers,
+                "stage_costs: stage " << s << " holds [" << r.begin << ", " << r.end
+                                      << ") but should start at layer " << expect
+                                      << " and end after it, within " << n_layers << " layers",
+                "pass a partition made for these layer costs (partition_uniform/balanced)");
+    double sum = 0.0;
+    for (int i = r.begin; i < r.end; ++i) sum += layer_costs[i];
+    out.push_back(sum);
+    expect = r.end;
+  }
+  GPT2P_CHECK(expect == n_layers,
+              "stage_costs: the partition covers layers [0, " << expect << ") of " << n_layers,
+              "pass a partition made for these layer costs (partition_uniform/balanced)");
+  return out;
+}
+
+double max_stage_cost(const std::vector<double>& layer_costs, const Partition& partition) {
+  const std::vector<double> costs = stage_costs(layer_costs, partition);
+  return *std::max_element(costs.begin(), costs.end());
+}
+
+std::string to_string(const Partition& partition) {
+  std::ostringstream os;
+  for (size_t s = 0; s < partition.size(); ++s) {
+    if (s > 0) os << "|";
+    os << partition[s].begin << "-" << partition[s].end - 1;
+  }
+  return os.str();
+}
+
+}  // namespace gpt2p::pipeline

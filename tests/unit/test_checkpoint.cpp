@@ -1,1 +1,370 @@
-// placeholder
+// safetensors, Hugging Face import/export, our checkpoints, and the gpt2_eval program.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/data/batch.h"
+#include "gpt2p/data/dataset_file.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/hf_checkpoint.h"
+#include "gpt2p/model/safetensors.h"
+
+namespace gpt2p::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("gpt2p_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+GPT2Config tiny_config(int64_t vocab = 100) {
+  GPT2Config c = preset("tiny");
+  c.vocab_size = vocab;
+  c.n_ctx = 16;
+  c.dropout = 0.0;
+  return c;
+}
+
+std::string error_text(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+torch::Tensor ids_for(const GPT2Config& c) {
+  torch::manual_seed(11);
+  return torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
+}
+
+TEST(SafeTensors, RoundTripEveryDtypeAndMetadata) {
+  TempDir dir;
+  torch::manual_seed(0);
+  const std::map<std::string, torch::Tensor> in = {
+      {"f32", torch::randn({3, 4})},
+      {"f16", torch::randn({5}).to(torch::kFloat16)},
+      {"bf16", torch::randn({2, 2, 2}).to(torch::kBFloat16)},
+      {"f64", torch::randn({1, 7}, torch::kFloat64)},
+      {"i64", torch::arange(-3, 6, torch::kLong)},
+      {"empty", torch::zeros({0, 4})},
+      {"noncontig", torch::randn({4, 3}).t()}};
+  write_safetensors(dir / "a.safetensors", in, {{"format", "pt"}});
+  const auto out = read_safetensors(dir / "a.safetensors");
+  ASSERT_EQ(out.tensors.size(), in.size());
+  for (const auto& [name, t] : in) {
+    const auto& r = out.tensors.at(name);
+    EXPECT_EQ(r.scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(r, t)) << name;
+  }
+  EXPECT_EQ(out.metadata.at("format"), "pt");
+  // The header length is little-endian, and the data section starts 8-byte aligned.
+  std::ifstream f(dir / "a.safetensors", std::ios::binary);
+  unsigned char len[8];
+  f.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n * 256 + len[i];
+  EXPECT_EQ(n % 8, 0U);
+  EXPECT_LT(n, fs::file_size(dir / "a.safetensors"));
+}
+
+TEST(SafeTensors, ErrorsNameTheFileAndTensor) {
+  TempDir dir;
+  write_safetensors(dir / "a.safetensors", {{"w", torch::ones({4, 4})}});
+  fs::resize_file(dir / "a.safetensors", fs::file_size(dir / "a.safetensors") - 4);
+  const auto msg = error_text([&] { read_safetensors(dir / "a.safetensors"); });
+  EXPECT_NE(msg.find("tensor 'w'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(error_text([&] { read_safetensors(dir / "missing.safetensors"); }).find("cannot open"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] {
+              write_safetensors(dir / "b.safetensors", {{"x", torch::ones({2}, torch::kInt32)}});
+            }).find("cannot write tensor 'x'"),
+            std::string::npos);
+}
+
+TEST(HfCheckpoint, ExportThenImportGivesTheSameLogits) {
+  TempDir dir;
+  const auto c = tiny_config();
+  GPT2 model(c);
+  model->reset_parameters(5);
+  model->eval();
+  export_hf(dir / "hf", *model);
+  const auto config = nlohmann::json::parse(std::ifstream(dir / "hf/config.json"));
+  EXPECT_EQ(config["model_type"], "gpt2");
+  EXPECT_EQ(config["n_positions"], 16);
+  EXPECT_EQ(config["activation_function"], "gelu_new");
+  const auto file = read_safetensors(dir / "hf/model.safetensors");
+  EXPECT_EQ(file.tensors.at("transformer.wte.weight").sizes(), (std::vector<int64_t>{100, 64}));
+  EXPECT_EQ(file.tensors.at("transformer.h.1.mlp.c_fc.weight").sizes(),
+            (std::vector<int64_t>{64, 256}));  // Conv1D: [in, out]
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  EXPECT_TRUE(is_hf_dir(dir / "hf"));
+
+  GPT2 back = load_hf(dir / "hf");
+  EXPECT_EQ(back->config(), c);
+  back->eval();
+  const auto ids = ids_for(c);
+  EXPECT_TRUE(torch::allclose(back->forward(ids), model->forward(ids), 0, 1e-6));
+}
+
+TEST(HfCheckpoint, Conv1DTransposeAndPrefixesOnAHandMadeFile) {
+  // A 1-layer HF-layout file with known values: Conv1D weight [in, out] with w[i][o] = i*100 + o.
+  TempDir dir;
+  GPT2Config c = tiny_config(64);
+  c.n_layer = 1;
+  c.n_embd = 4;
+  c.n_head = 2;
+  GPT2 model(c);
+  std::map<std::string, torch::Tensor> hf;
+  for (const auto& item : model->named_parameters()) {
+    auto t = torch::zeros_like(item.value());
+    if (item.key() == "wte.weight") t = t.narrow(0, 0, c.vocab_size);
+    if (item.key().find("c_attn.weight") != std::string::npos ||
+        item.key().find("c_fc.weight") != std::string::npos ||
+        item.key().find("c_proj.weight") != std::string::npos) {
+      t = t.t().contiguous();  // HF layout
+    }
+    // Hub style for some names (no prefix), save_pretrained style for others.
+    const bool prefixed = item.key().rfind("h.", 0) == 0;
+    hf[(prefixed ? "transformer." : "") + item.key()] = t;
+  }
+  const auto in_out = torch::arange(4).unsqueeze(1) * 100 + torch::arange(12).unsqueeze(0);
+  hf["transformer.h.0.attn.c_attn.weight"] = in_out.to(torch::kFloat32);
+  hf["h.0.attn.bias"] = torch::ones({1, 1, 16, 16});  // HF's mask buffer: ignored
+  write_safetensors(dir / "hf/model.safetensors", hf);
+  export_hf(dir / "cfg", *model);
+  fs::copy_file(dir / "cfg/config.json", dir / "hf/config.json");
+  import_hf(dir / "hf", *model);
+  const auto w = model->named_parameters()["h.0.attn.c_attn.weight"];  // ours: [out=12, in=4]
+  ASSERT_EQ(w.sizes(), (std::vector<int64_t>{12, 4}));
+  EXPECT_EQ(w[7][2].item<float>(), 207.0f);
+  EXPECT_EQ(w[11][3].item<float>(), 311.0f);
+
+  // A wrong shape names the tensor and both shapes.
+  hf["transformer.h.0.mlp.c_fc.weight"] = torch::zeros({4, 8});
+  write_safetensors(dir / "hf/model.safetensors", hf);
+  const auto msg = error_text([&] { import_hf(dir / "hf", *model); });
+  EXPECT_NE(msg.find("'h.0.mlp.c_fc.weight' has shape [8, 4]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[16, 4]"), std::string::npos) << msg;
+}
+
+TEST(HfCheckpoint, ExtraVocabRowsGetTheMeanEmbeddingAndPaddingIsZero) {
+  TempDir dir;
+  GPT2 hf_model(tiny_config(100));
+  hf_model->reset_parameters(2);
+  export_hf(dir / "hf", *hf_model);
+  GPT2 ours = load_hf(dir / "hf", /*extra_vocab=*/3);
+  const auto w = ours->wte->weight;
+  ASSERT_EQ(ours->config().vocab_size, 103);
+  const auto mean = hf_model->wte->weight.narrow(0, 0, 100).mean(0);
+  for (int64_t row = 100; row < 103; ++row) EXPECT_TRUE(torch::allclose(w[row], mean, 0, 1e-7));
+  EXPECT_TRUE(torch::equal(w.narrow(0, 0, 100), hf_model->wte->weight.narrow(0, 0, 100)));
+  EXPECT_EQ(w.narrow(0, 103, 128 - 103).abs().sum().item<double>(), 0.0);
+}
+
+TEST(Checkpoint, RoundTripWithOptimizerStateAndTrainState) {
+  TempDir dir;
+  const auto c = tiny_config();
+  GPT2 model(c);
+  model->reset_parameters(3);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto ids = ids_for(c);
+  auto train_step = [&](GPT2& m, torch::optim::Optimizer& o) {
+    o.zero_grad();
+    m->lm_loss_all(m->forward(ids), ids).backward();
+    o.step();
+  };
+  train_step(model, opt);
+  TrainState state;
+  state.step = 17;
+  state.epoch = 2;
+  state.batch_in_epoch = 5;
+  state.seed = 1234567890123ULL;
+  state.rng_state = compat::cpu_rng_state();
+  state.config = {{"lr", 1e-3}, {"name", "unit"}};
+  save_checkpoint(dir / "ck", *model, &opt, state);
+  EXPECT_TRUE(is_checkpoint_dir(dir / "ck"));
+  EXPECT_FALSE(is_hf_dir(dir / "ck"));
+
+  GPT2 loaded(c);
+  torch::optim::AdamW opt2(loaded->parameters(), torch::optim::AdamWOptions(1e-3));
+  const TrainState got = load_checkpoint(dir / "ck", *loaded, &opt2);
+  EXPECT_EQ(got.step, 17);
+  EXPECT_EQ(got.epoch, 2);
+  EXPECT_EQ(got.batch_in_epoch, 5);
+  EXPECT_EQ(got.seed, 1234567890123ULL);
+  EXPECT_EQ(got.rng_state, state.rng_state);
+  EXPECT_EQ(got.config, state.config);
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), loaded->named_parameters()[item.key()])) << item.key();
+  }
+  // Optimizer state restored: one more identical step on both gives identical weights.
+  train_step(model, opt);
+  train_step(loaded, opt2);
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), loaded->named_parameters()[item.key()])) << item.key();
+  }
+  // RNG state restores torch's generator.
+  compat::set_cpu_rng_state(got.rng_state);
+  const auto a = torch::rand({4});
+  compat::set_cpu_rng_state(got.rng_state);
+  EXPECT_TRUE(torch::equal(a, torch::rand({4})));
+  // load_model rebuilds from meta.json.
+  EXPECT_EQ(load_model(dir / "ck")->config(), c);
+}
+
+TEST(Checkpoint, MismatchErrorsNameCheckpointParameterShapesAndFix) {
+  TempDir dir;
+  save_checkpoint(dir / "ck", *GPT2(tiny_config()), nullptr, TrainState{});
+  GPT2Config wider = tiny_config();
+  wider.n_embd = 128;
+  GPT2 other(wider);
+  const auto msg = error_text([&] { load_checkpoint(dir / "ck", *other, nullptr); });
+  EXPECT_NE(msg.find("checkpoint " + dir / "ck"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'wte.weight' has shape [128, 64] in the file but [128, 128] in the model"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("build the model with the checkpoint's config (2 layers"), std::string::npos)
+      << msg;
+  // A stage takes its layers from a full checkpoint; a full model rejects unknown tensors.
+  GPT2 stage(tiny_config(), LayerRange{2, 4});
+  stage->reset_parameters(99);
+  load_checkpoint(dir / "ck", *stage, nullptr);
+  EXPECT_TRUE(torch::equal(stage->tied_parameter(), load_model(dir / "ck")->tied_parameter()));
+  GPT2Config deeper = tiny_config();
+  deeper.n_layer = 1;
+  GPT2 shallow(deeper);
+  EXPECT_NE(error_text([&] {
+              load_checkpoint(dir / "ck", *shallow, nullptr);
+            }).find("'h.1.attn.c_attn.bias' [192] that the model (layers [0, 3)) does not have"),
+            std::string::npos);
+  GPT2 same(tiny_config());
+  torch::optim::SGD sgd2(same->parameters(), torch::optim::SGDOptions(0.1));
+  EXPECT_NE(
+      error_text([&] { load_checkpoint(dir / "ck", *same, &sgd2); }).find("no optimizer state"),
+      std::string::npos);
+  EXPECT_NE(error_text([&] {
+              load_checkpoint(dir / "nothing", *same, nullptr);
+            }).find("has no meta.json"),
+            std::string::npos);
+}
+
+// gpt2_eval sits in the build directory, one level above this test binary.
+std::string eval_binary() {
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "gpt2_eval").string();
+}
+
+TEST(Gpt2Eval, PooledLossOnAnExportedTinyModelMatchesTheLibrary) {
+  ASSERT_TRUE(fs::exists(eval_binary())) << eval_binary() << " (build target gpt2_eval)";
+  TempDir dir;
+  const auto c = tiny_config();
+  GPT2 model(c);
+  model->reset_parameters(9);
+  model->eval();
+  export_hf(dir / "hf", *model);
+  save_checkpoint(dir / "ck", *model, nullptr, TrainState{});
+  const std::vector<std::vector<int64_t>> seqs = {{1, 5, 9, 33, 2}, {7, 7, 99, 0, 12, 50, 3, 8}};
+  {
+    std::ofstream out(dir / "ids.jsonl");
+    for (const auto& s : seqs) out << nlohmann::json{{"ids", s}}.dump() << "\n";
+  }
+  double sum = 0;
+  int64_t tokens = 0;
+  for (const auto& s : seqs) {
+    const auto ids = torch::tensor(s, torch::kLong).unsqueeze(0);
+    sum += lm_loss_all_sum(model->forward(ids), ids, c.vocab_size).item<double>();
+    tokens += static_cast<int64_t>(s.size()) - 1;
+  }
+  for (const std::string& ckpt : {dir / "hf", dir / "ck"}) {
+    const std::string cmd = eval_binary() + " --checkpoint " + ckpt + " --ids-jsonl " +
+                            (dir / "ids.jsonl") + " --dump-logits " + (dir / "logits.bin") + " > " +
+                            (dir / "out.json");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const auto out = nlohmann::json::parse(std::ifstream(dir / "out.json"));
+    EXPECT_EQ(out["tokens"], tokens);
+    EXPECT_NEAR(out["loss"].get<double>(), sum / tokens, 1e-5);
+    EXPECT_NEAR(out["perplexity"].get<double>(), std::exp(sum / tokens), 1e-3);
+    ASSERT_EQ(out["sequences"].size(), 2U);
+    EXPECT_EQ(out["sequences"][1]["tokens"], 7);
+    const auto shape = nlohmann::json::parse(std::ifstream(dir / "logits.bin.json"))["shape"];
+    EXPECT_EQ(shape, nlohmann::json({5, c.vocab_size}));
+    EXPECT_EQ(fs::file_size(dir / "logits.bin"), 5U * c.vocab_size * 4);
+    std::ifstream bin(dir / "logits.bin", std::ios::binary);
+    std::vector<float> first(c.vocab_size);
+    bin.read(reinterpret_cast<char*>(first.data()), c.vocab_size * 4);
+    const auto expect = model->forward(torch::tensor(seqs[0], torch::kLong).unsqueeze(0))[0][0];
+    EXPECT_NEAR(first[42], expect[42].item<float>(), 1e-5);
+  }
+  // Bad input: the error names the file and line.
+  {
+    std::ofstream out(dir / "bad.jsonl");
+    out << "{\"ids\": [1, 2]}\n{\"tokens\": [1]}\n";
+  }
+  const std::string cmd = eval_binary() + " --checkpoint " + (dir / "hf") + " --ids-jsonl " +
+                          (dir / "bad.jsonl") + " > " + (dir / "err.txt") + " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  std::ifstream err(dir / "err.txt");
+  const std::string text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("bad.jsonl:2"), std::string::npos) << text;
+}
+
+TEST(Gpt2Eval, DatasetSplitLossCountsTargetTokensOnly) {
+  ASSERT_TRUE(fs::exists(eval_binary())) << eval_binary() << " (build target gpt2_eval)";
+  TempDir dir;
+  GPT2Config c = tiny_config(kDefaultVocab);  // the specials (50257..50259) are real tokens
+  GPT2 model(c);
+  model->reset_parameters(4);
+  model->eval();
+  save_checkpoint(dir / "ck", *model, nullptr, TrainState{});
+  data::Split split;
+  split.add({10, 11, 12}, {20, 21}, "a b c", "d e");
+  split.add({30}, {40, 41, 42, 43}, "f", "g h");
+  split.add({5, 6}, {7}, "i", "j");
+  data::DatasetMeta meta;
+  meta.tokenizer_identity = "test";
+  meta.vocab_size = static_cast<int32_t>(kDefaultVocab);
+  meta.source = "unit test";
+  data::write_dataset_file(dir / "d.h5", meta,
+                           {{"train", split}, {"validation", split}, {"test", split}});
+  const auto b = data::make_batch(split, {0, 1, 2}, 8, meta.special);
+  const std::vector<int64_t> shape = {b.batch_size, b.seq_len};
+  const auto mask = torch::tensor(b.mask).view(shape);
+  const double expect = model
+                            ->lm_loss(model->forward(torch::tensor(b.inputs).view(shape)),
+                                      torch::tensor(b.labels).view(shape), mask)
+                            .item<double>();
+  const std::string cmd = eval_binary() + " --checkpoint " + (dir / "ck") + " --data " +
+                          (dir / "d.h5") + " --max-len 8 --batch-size 2 > " + (dir / "out.json");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto out = nlohmann::json::parse(std::ifstream(dir / "out.json"));
+  EXPECT_EQ(out["tokens"], b.target_tokens);
+  EXPECT_NEAR(out["loss"].get<double>(), expect, 1e-5);
+  EXPECT_EQ(out["split"], "validation");
+}
+
+}  // namespace
+}  // namespace gpt2p::model

@@ -1,1 +1,169 @@
-// placeholder
+// The prepared dataset file: round trip, atomic write, and the errors that name the fix.
+#include <H5Cpp.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gpt2p/core/error.h"
+#include "gpt2p/data/dataset_file.h"
+
+namespace gpt2p::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what()) + " | hint: " + e.hint();
+  }
+  return "(no error)";
+}
+
+std::string temp_path(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "gpt2p_dataset_test";
+  fs::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::map<std::string, Split> sample_splits() {
+  std::map<std::string, Split> s;
+  s["train"].add({1, 2, 3}, {4, 5}, "Hallo Welt.", "Hello world.");
+  s["train"].add({6}, {7, 8, 9}, "Größe ändern?", "Resize?");
+  s["train"].add({}, {10}, "", "x");
+  s["validation"].add({11, 12}, {13}, "Ja.", "Yes.");
+  s["test"];  // empty split
+  return s;
+}
+
+DatasetMeta sample_meta() {
+  DatasetMeta m;
+  m.tokenizer_identity = "gpt2-bpe:0123456789abcdef";
+  m.vocab_size = 50260;
+  m.source = "unit test";
+  m.created = "2024-01-01T00:00:00Z";
+  return m;
+}
+
+TEST(Split, AddAndSpans) {
+  const auto s = sample_splits().at("train");
+  ASSERT_EQ(s.size(), 3);
+  EXPECT_EQ(s.src(0).to_vector(), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(s.tgt(0).to_vector(), (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(s.src(1).to_vector(), (std::vector<int32_t>{6}));
+  EXPECT_EQ(s.tgt(1).to_vector(), (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(s.src(2).size(), 0U);
+  EXPECT_EQ(s.offsets(), (std::vector<int64_t>{0, 5, 9, 10}));
+  EXPECT_EQ(s.src_tokens(), 4);
+  EXPECT_EQ(s.tgt_tokens(), 6);
+  EXPECT_EQ(s.text_de(1), "Größe ändern?");
+  const auto text = error_text([&] { s.src(3); });
+  EXPECT_NE(text.find("example index 3 is out of range [0, 3)"), std::string::npos) << text;
+}
+
+TEST(Split, FromArraysChecksConsistency) {
+  const auto text = error_text([] {
+    Split::from_arrays({1, 2}, {0, 2}, {3}, {"a"}, {"b"}, "f.h5:/train");
+  });
+  EXPECT_NE(text.find("f.h5:/train: example 0 has src length 3 but only 2 tokens"),
+            std::string::npos)
+      << text;
+  const auto text2 = error_text([] {
+    Split::from_arrays({1, 2}, {0, 1}, {1}, {"a"}, {"b"}, "f.h5:/test");
+  });
+  EXPECT_NE(text2.find("offsets run from 0 to 1 but there are 2 tokens"), std::string::npos)
+      << text2;
+}
+
+TEST(DatasetFile, RoundTrip) {
+  const auto path = temp_path("round_trip.h5");
+  auto meta = sample_meta();
+  meta.special = SpecialTokens{100, 101, 102};
+  write_dataset_file(path, meta, sample_splits());
+  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+
+  const auto d = DatasetFile::open(path);
+  EXPECT_EQ(d.meta().tokenizer_identity, meta.tokenizer_identity);
+  EXPECT_EQ(d.meta().vocab_size, 50260);
+  EXPECT_EQ(d.meta().special.eos_de, 100);
+  EXPECT_EQ(d.meta().special.eos_en, 101);
+  EXPECT_EQ(d.meta().special.pad, 102);
+  EXPECT_EQ(d.meta().source, "unit test");
+  EXPECT_EQ(d.meta().created, "2024-01-01T00:00:00Z");
+  const auto want = sample_splits();
+  for (const std::string name : {"train", "validation", "test"}) {
+    const Split& got = d.split(name);
+    EXPECT_EQ(got.tokens(), want.at(name).tokens()) << name;
+    EXPECT_EQ(got.offsets(), want.at(name).offsets()) << name;
+    EXPECT_EQ(got.src_lengths(), want.at(name).src_lengths()) << name;
+    EXPECT_EQ(got.texts_de(), want.at(name).texts_de()) << name;
+    EXPECT_EQ(got.texts_en(), want.at(name).texts_en()) << name;
+  }
+  EXPECT_EQ(d.split("train").tgt(1).to_vector(), (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_EQ(d.split("test").size(), 0);
+
+  // Counts are root attributes too.
+  H5::H5File f(path, H5F_ACC_RDONLY);
+  int64_t n_train = 0;
+  f.openAttribute("n_train").read(H5::PredType::NATIVE_INT64, &n_train);
+  EXPECT_EQ(n_train, 3);
+}
+
+TEST(DatasetFile, RewriteReplacesAtomically) {
+  const auto path = temp_path("rewrite.h5");
+  write_dataset_file(path, sample_meta(), sample_splits());
+  auto splits = sample_splits();
+  splits["test"].add({42}, {43}, "Neu.", "New.");
+  write_dataset_file(path, sample_meta(), splits);
+  EXPECT_EQ(DatasetFile::open(path).split("test").size(), 1);
+  // A failing write leaves the previous file intact and no temporary behind.
+  splits.erase("validation");
+  const auto text = error_text([&] { write_dataset_file(path, sample_meta(), splits); });
+  EXPECT_NE(text.find("split 'validation' is missing"), std::string::npos) << text;
+  EXPECT_EQ(DatasetFile::open(path).split("test").size(), 1);
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST(DatasetFile, TokenizerMismatchSaysWhatToRerun) {
+  const auto path = temp_path("mismatch.h5");
+  write_dataset_file(path, sample_meta(), sample_splits());
+  const auto d = DatasetFile::open(path);
+  EXPECT_NO_THROW(d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50260));
+  const auto text = error_text([&] { d.require_tokenizer("gpt2-bpe:ffffffffffffffff", 50261); });
+  EXPECT_NE(text.find("dataset " + path +
+                      " was made with tokenizer gpt2-bpe:0123456789abcdef (vocab 50260) but this "
+                      "run uses gpt2-bpe:ffffffffffffffff (vocab 50261)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rerun prepare_data with --vocab-dir"), std::string::npos) << text;
+  const auto text2 = error_text([&] { d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50257); });
+  EXPECT_NE(text2.find("(vocab 50257)"), std::string::npos) << text2;
+  const auto text3 = error_text([&] { d.split("dev"); });
+  EXPECT_NE(text3.find("has no split 'dev'"), std::string::npos) << text3;
+}
+
+TEST(DatasetFile, OpenErrors) {
+  const auto missing = error_text([] { DatasetFile::open("/nonexistent/d.h5"); });
+  EXPECT_NE(missing.find("dataset file /nonexistent/d.h5 does not exist"), std::string::npos)
+      << missing;
+  EXPECT_NE(missing.find("prepare_data --out"), std::string::npos) << missing;
+
+  const auto text_file = temp_path("not_hdf5.h5");
+  std::ofstream(text_file) << "hello";
+  const auto not_h5 = error_text([&] { DatasetFile::open(text_file); });
+  EXPECT_NE(not_h5.find("is not an HDF5 file"), std::string::npos) << not_h5;
+
+  const auto other = temp_path("other.h5");
+  { H5::H5File f(other, H5F_ACC_TRUNC); }
+  const auto not_ours = error_text([&] { DatasetFile::open(other); });
+  EXPECT_NE(not_ours.find("is an HDF5 file but not a gpt2p dataset"), std::string::npos)
+      << not_ours;
+}
+
+}  // namespace
+}  // namespace gpt2p::data

@@ -1,1 +1,95 @@
-// placeholder
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpt2p/cli/train_options.h"
+
+using gpt2p::cli::Program;
+using gpt2p::cli::TrainConfig;
+using gpt2p::cli::UsageError;
+
+namespace {
+
+// Parses a command line given as words; returns the resolved config.
+TrainConfig parse(std::vector<std::string> words, Program program = Program::kDataParallel,
+                  bool cuda = false) {
+  words.insert(words.begin(), "prog");
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  TrainConfig cfg;
+  EXPECT_TRUE(gpt2p::cli::parse_train_args(cfg, program, static_cast<int>(argv.size()), argv.data()));
+  gpt2p::cli::resolve_train_config(cfg, program, cuda);
+  return cfg;
+}
+
+std::string usage_error(std::vector<std::string> words, Program program = Program::kDataParallel) {
+  try {
+    parse(std::move(words), program);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(TrainOptions, CpuDefaultsAreTheSmallEmbeddedRun) {
+  auto c = parse({});
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.preset, "tiny");
+  EXPECT_EQ(c.batch_size, 16);
+  EXPECT_EQ(c.out, "runs/dp_train");
+  EXPECT_EQ(c.grad_sync, "bucketed");
+  EXPECT_DOUBLE_EQ(c.bucket_mb, 25);
+}
+
+TEST(TrainOptions, CudaDefaultsFollowHw5) {
+  auto c = parse({}, Program::kDataParallel, /*cuda=*/true);
+  EXPECT_EQ(c.device, "cuda");
+  EXPECT_EQ(c.preset, "gpt2");
+  EXPECT_EQ(c.batch_size, 128);
+  EXPECT_EQ(c.seq_len, 128);
+  EXPECT_EQ(c.epochs, 10);
+  EXPECT_EQ(c.max_train_pairs, 5000);
+  EXPECT_DOUBLE_EQ(c.lr, 1e-4);
+}
+
+TEST(TrainOptions, ExplicitFlagsWin) {
+  auto c = parse({"--preset", "gpt2", "--batch-size", "64", "--grad-sync", "per-param", "--lr",
+                  "3e-4", "--device", "cpu", "--n-layer", "3"});
+  EXPECT_EQ(c.preset, "gpt2");
+  EXPECT_EQ(c.batch_size, 64);
+  EXPECT_EQ(c.grad_sync, "per-param");
+  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+  EXPECT_EQ(c.n_layer, 3);
+}
+
+TEST(TrainOptions, BadValuesNameTheFlag) {
+  EXPECT_NE(usage_error({"--grad-sync", "ring"}).find("--grad-sync 'ring'"), std::string::npos);
+  EXPECT_NE(usage_error({"--precision", "fp8"}).find("fp32 | tf32 | bf16"), std::string::npos);
+  EXPECT_NE(usage_error({"--batch-size", "abc"}).find("batch-size"), std::string::npos);
+  EXPECT_NE(usage_error({"--no-such-flag"}).find("no-such-flag"), std::string::npos);
+  EXPECT_NE(usage_error({"--device", "cuda"}).find("--device cpu"), std::string::npos);
+}
+
+TEST(TrainOptions, PipelineFlagsOnlyOnPpTrain) {
+  EXPECT_NE(usage_error({"--microbatches", "4"}, Program::kDataParallel).find("microbatches"),
+            std::string::npos);
+  auto c = parse({"--microbatches", "8", "--batch-size", "32", "--schedule", "gpipe"},
+                 Program::kPipeline);
+  EXPECT_EQ(c.microbatches, 8);
+  EXPECT_EQ(c.schedule, "gpipe");
+  EXPECT_NE(usage_error({"--microbatches", "5", "--batch-size", "32"}, Program::kPipeline)
+                .find("does not divide"),
+            std::string::npos);
+  auto mp = parse({"--mode", "model_parallel", "--microbatches", "8"}, Program::kPipeline);
+  EXPECT_EQ(mp.microbatches, 1);
+}
+
+TEST(TrainOptions, ConfigRoundTripsToJson) {
+  auto c = parse({"--seed", "7"});
+  auto j = gpt2p::cli::to_json(c);
+  EXPECT_EQ(j["seed"].get<uint64_t>(), 7U);
+  EXPECT_EQ(j["preset"], "tiny");
+}

@@ -1,1 +1,257 @@
-// placeholder
+// Dry runs: the schedules obey the rules for every size up to 64 stages, never deadlock, give
+// GPipe's bubble (n-1)/(m+n-1), and broken plans are reported with what went wrong.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpt2p/core/error.h"
+#include "gpt2p/pipeline/simulator.h"
+
+namespace gpt2p::pipeline {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const gpt2p::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+bool mentions(const std::vector<std::string>& violations, const std::string& text) {
+  return std::any_of(violations.begin(), violations.end(),
+                     [&](const std::string& v) { return v.find(text) != std::string::npos; });
+}
+
+Schedule ranks(const std::vector<std::string>& lines) {
+  Schedule s;
+  for (const auto& line : lines) s.push_back(parse_actions(line));
+  return s;
+}
+
+SimCosts uniform_costs(int n, double f, double b) {
+  return SimCosts{std::vector<double>(n, f), std::vector<double>(n, b), 0.0};
+}
+
+// n in 1..64 with m in {1, 2, 3, n-1, n, n+1, 2n, 64}.
+std::vector<std::pair<int, int>> size_grid() {
+  std::vector<std::pair<int, int>> grid;
+  for (int n = 1; n <= 64; ++n) {
+    const std::set<int> ms{1, 2, 3, n - 1, n, n + 1, 2 * n, 64};
+    for (int m : ms) {
+      if (m >= 1) grid.emplace_back(m, n);
+    }
+  }
+  return grid;
+}
+
+TEST(Simulate, GPipeTimingsTwoByTwo) {
+  const SimResult r = simulate(make_schedule(ScheduleKind::kGPipe, 2, 2));
+  ASSERT_TRUE(r.ok) << r.deadlock_reason;
+  // rank 0: F0 SEND F1 SEND RECV_B0 B0 RECV_B1 B1
+  const std::vector<std::pair<double, double>> rank0 = {{0, 1}, {1, 1}, {1, 2}, {2, 2},
+                                                        {2, 5}, {5, 7}, {7, 7}, {7, 9}};
+  // rank 1: RECV_F0 F0 RECV_F1 F1 B0 SEND B1 SEND
+  const std::vector<std::pair<double, double>> rank1 = {{0, 1}, {1, 2}, {2, 2}, {2, 3},
+                                                        {3, 5}, {5, 5}, {5, 7}, {7, 7}};
+  ASSERT_EQ(r.timings.size(), 2u);
+  ASSERT_EQ(r.timings[0].size(), rank0.size());
+  ASSERT_EQ(r.timings[1].size(), rank1.size());
+  for (size_t k = 0; k < rank0.size(); ++k) {
+    EXPECT_EQ(r.timings[0][k].start, rank0[k].first) << "rank 0 action " << k;
+    EXPECT_EQ(r.timings[0][k].end, rank0[k].second) << "rank 0 action " << k;
+    EXPECT_EQ(r.timings[1][k].start, rank1[k].first) << "rank 1 action " << k;
+    EXPECT_EQ(r.timings[1][k].end, rank1[k].second) << "rank 1 action " << k;
+  }
+  EXPECT_EQ(r.makespan, 9.0);
+  EXPECT_EQ(r.busy, (std::vector<double>{6.0, 6.0}));
+  EXPECT_NEAR(r.bubble_fraction, 1.0 / 3.0, 1e-12);
+  EXPECT_EQ(r.max_live_activations, (std::vector<int>{2, 2}));
+}
+
+TEST(Simulate, CommCostDelaysReceives) {
+  SimCosts costs = uniform_costs(2, 1.0, 2.0);
+  costs.comm = 0.5;
+  const SimResult r = simulate(make_schedule(ScheduleKind::kOneFOneB, 1, 2), costs);
+  ASSERT_TRUE(r.ok) << r.deadlock_reason;
+  // F (1) + transfer (0.5) + F (1) + B (2) + transfer (0.5) + B (2).
+  EXPECT_DOUBLE_EQ(r.makespan, 7.0);
+  EXPECT_DOUBLE_EQ(r.timings[1][0].end, 1.5);  // 1RECV_F0<-0
+}
+
+TEST(Simulate, GPipeBubbleIsExactlyNMinusOneOverMPlusNMinusOne) {
+  for (int n = 1; n <= 8; ++n) {
+    for (int m = 1; m <= 12; ++m) {
+      for (const auto& fb : {std::pair{1.0, 1.0}, std::pair{1.0, 2.0}, std::pair{0.5, 1.5}}) {
+        const SimResult r = simulate(make_schedule(ScheduleKind::kGPipe, m, n),
+                                     uniform_costs(n, fb.first, fb.second));
+        ASSERT_TRUE(r.ok) << r.deadlock_reason;
+        const double expected = static_cast<double>(n - 1) / (m + n - 1);
+        EXPECT_NEAR(r.bubble_fraction, expected, 1e-12)
+            << "m=" << m << " n=" << n << " F=" << fb.first << " B=" << fb.second;
+        EXPECT_NEAR(r.makespan, (fb.first + fb.second) * (m + n - 1), 1e-9);
+      }
+    }
+  }
+}
+
+TEST(Simulate, OneFOneBSameBubbleFewerActivations) {
+  for (int n = 1; n <= 8; ++n) {
+    for (int m = 1; m <= 12; ++m) {
+      const SimResult gpipe = simulate(make_schedule(ScheduleKind::kGPipe, m, n));
+      const SimResult ofob = simulate(make_schedule(ScheduleKind::kOneFOneB, m, n));
+      ASSERT_TRUE(ofob.ok) << ofob.deadlock_reason;
+      EXPECT_NEAR(ofob.bubble_fraction, gpipe.bubble_fraction, 1e-12) << "m=" << m << " n=" << n;
+      for (int s = 0; s < n; ++s) {
+        EXPECT_EQ(gpipe.max_live_activations[s], m);
+        EXPECT_EQ(ofob.max_live_activations[s], std::min(m, n - s)) << "m=" << m << " s=" << s;
+      }
+    }
+  }
+}
+
+TEST(Simulate, UnevenStagesSlowTheWholePipeline) {
+  SimCosts costs = uniform_costs(3, 1.0, 2.0);
+  costs.forward[1] = 2.0;
+  costs.backward[1] = 4.0;
+  const SimResult even = simulate(make_schedule(ScheduleKind::kOneFOneB, 8, 3));
+  const SimResult uneven = simulate(make_schedule(ScheduleKind::kOneFOneB, 8, 3), costs);
+  ASSERT_TRUE(uneven.ok);
+  EXPECT_GT(uneven.makespan, even.makespan);
+  EXPECT_GT(uneven.bubble_fraction, even.bubble_fraction);
+  // The slow stage bounds the step: it is busy 8 * 6 time units.
+  EXPECT_GE(uneven.makespan, 48.0);
+}
+
+TEST(Simulate, BadCostsAreErrors) {
+  const Schedule s = make_schedule(ScheduleKind::kGPipe, 2, 2);
+  SimCosts wrong_size{{1.0}, {}, 0.0};
+  EXPECT_NE(
+      error_of([&] { simulate(s, wrong_size); }).find("forward costs have 1 entries for 2 stages"),
+      std::string::npos);
+  SimCosts negative{{}, {2.0, -1.0}, 0.0};
+  EXPECT_NE(error_of([&] { simulate(s, negative); }).find("backward cost of stage 1 is -1"),
+            std::string::npos);
+  SimCosts bad_comm{{}, {}, -0.5};
+  EXPECT_NE(error_of([&] { simulate(s, bad_comm); }).find("comm cost is -0.5"), std::string::npos);
+}
+
+TEST(Rules, BothSchedulesValidAndDeadlockFreeUpTo64Stages) {
+  int checked = 0;
+  for (const auto& [m, n] : size_grid()) {
+    const Schedule gpipe = make_schedule(ScheduleKind::kGPipe, m, n);
+    const Schedule ofob = make_schedule(ScheduleKind::kOneFOneB, m, n);
+    const auto v_gpipe = validate(gpipe, m, n);
+    ASSERT_TRUE(v_gpipe.empty()) << "gpipe m=" << m << " n=" << n << "\n" << joined(v_gpipe);
+    const auto v_ofob = validate(ofob, m, n, {true, true});
+    ASSERT_TRUE(v_ofob.empty()) << "1f1b m=" << m << " n=" << n << "\n" << joined(v_ofob);
+    const auto v_compute = validate(one_f_one_b_schedule(m, n), m, n, {false, true});
+    ASSERT_TRUE(v_compute.empty()) << "1f1b compute m=" << m << " n=" << n;
+    const SimResult r_gpipe = simulate(gpipe);
+    ASSERT_TRUE(r_gpipe.ok) << "gpipe m=" << m << " n=" << n << "\n" << r_gpipe.deadlock_reason;
+    const SimResult r_ofob = simulate(ofob);
+    ASSERT_TRUE(r_ofob.ok) << "1f1b m=" << m << " n=" << n << "\n" << r_ofob.deadlock_reason;
+    ++checked;
+  }
+  EXPECT_GT(checked, 400);
+}
+
+TEST(Rules, GPipeBreaksTheOneFOneBMemoryRule) {
+  const auto v = validate(make_schedule(ScheduleKind::kGPipe, 4, 2), 4, 2, {true, true});
+  EXPECT_TRUE(mentions(v, "rank 1 action #3 '1F1': 2 activations alive; 1F1B allows at most 1"))
+      << joined(v);
+  EXPECT_TRUE(mentions(v, "rank 0 action #4 '0F2': 3 activations alive; 1F1B allows at most 2"))
+      << joined(v);
+}
+
+TEST(Rules, SwappedActionsDeadlock) {
+  // Rank 0 waits for the gradient of micro-batch 0 before it sends the activation rank 1 needs.
+  const Schedule s = ranks({
+      "0F0 0RECV_B0<-1 0SEND_F0->1 0B0",
+      "1RECV_F0<-0 1F0 1B0 1SEND_B0->0",
+  });
+  EXPECT_TRUE(validate(s, 1, 2).empty()) << "each rank alone follows the rules";
+  const SimResult r = simulate(s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.deadlock_reason.find("rank 0 waits forever at action #1 '0RECV_B0<-1'"),
+            std::string::npos)
+      << r.deadlock_reason;
+  EXPECT_NE(r.deadlock_reason.find("rank 1 waits forever at action #0 '1RECV_F0<-0': no "
+                                   "matching send was issued; rank 0 is at action #1 "
+                                   "'0RECV_B0<-1'"),
+            std::string::npos)
+      << r.deadlock_reason;
+  EXPECT_EQ(r.timings[0].size(), 1u);  // only 0F0 ran
+  EXPECT_EQ(r.timings[1].size(), 0u);
+}
+
+TEST(Rules, DroppedSendIsReportedByBoth) {
+  Schedule s = make_schedule(ScheduleKind::kGPipe, 2, 2);
+  auto& r0 = s[0];
+  r0.erase(std::find(r0.begin(), r0.end(), parse_action("0SEND_F1->1")));
+  const auto v = validate(s, 2, 2);
+  EXPECT_TRUE(mentions(v,
+                       "rank 0: micro-batch 1 sends its activation to the next stage 0 times "
+                       "(expected exactly once)"))
+      << joined(v);
+  const SimResult r = simulate(s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.deadlock_reason.find("rank 1 waits forever at action #2 '1RECV_F1<-0'"),
+            std::string::npos)
+      << r.deadlock_reason;
+}
+
+TEST(Rules, ReceiveNobodySendsNamesTheFinishedPeer) {
+  Schedule s = make_schedule(ScheduleKind::kOneFOneB, 1, 2);
+  s[1].push_back(parse_action("1RECV_F0<-0"));
+  const SimResult r = simulate(s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.deadlock_reason.find("rank 0 has finished its list"), std::string::npos)
+      << r.deadlock_reason;
+  EXPECT_TRUE(mentions(validate(s, 1, 2),
+                       "rank 1: micro-batch 0 receives its activation from the previous stage 2 "
+                       "times"));
+}
+
+TEST(Rules, OrderAndShapeViolations) {
+  // B before F, F before its RECV_F, SEND_F before its F, a wrong peer, a foreign stage and a
+  // micro-batch out of range.
+  const Schedule s = ranks({
+      "0SEND_F0->1 0F0 0RECV_B0<-1 0B0 0F5",
+      "1B0 1F0 1RECV_F0<-0 1SEND_B0->2 0F0",
+  });
+  const auto v = validate(s, 1, 2);
+  EXPECT_TRUE(mentions(v, "rank 0 action #0 '0SEND_F0->1': SEND_F before the F")) << joined(v);
+  EXPECT_TRUE(mentions(v, "rank 0 action #4 '0F5': micro-batch out of range [0, 1)"));
+  EXPECT_TRUE(mentions(v, "rank 1 action #0 '1B0': B before its F"));
+  EXPECT_TRUE(mentions(v, "rank 1 action #1 '1F0': F before its RECV_F"));
+  EXPECT_TRUE(mentions(v, "rank 1 action #3 '1SEND_B0->2': peer must be the previous stage 0"));
+  EXPECT_TRUE(mentions(v, "rank 1 action #4 '0F0': names stage 0 on rank 1"));
+  EXPECT_TRUE(mentions(v, "rank 1: micro-batch 0 forwarded 2 times"));
+  EXPECT_TRUE(
+      mentions(v, "rank 1: micro-batch 0 sends its gradient to the previous stage 0 times"));
+  EXPECT_TRUE(mentions(validate(s, 1, 3), "the schedule has 2 rank lists for 3 stages"));
+  EXPECT_TRUE(
+      mentions(validate(ranks({"0F0 0SEND_F0->1 0B0"}), 1, 1), "the last stage has no next stage"));
+  EXPECT_TRUE(mentions(validate(ranks({"0F0"}), 1, 1), "micro-batch 0 backwarded 0 times"));
+}
+
+TEST(Rules, ComputeOnlyScheduleMissesItsCommunication) {
+  const auto v = validate(gpipe_schedule(2, 2), 2, 2);
+  EXPECT_TRUE(mentions(v, "rank 1 action #0 '1F0': F before its RECV_F")) << joined(v);
+  EXPECT_TRUE(validate(gpipe_schedule(2, 2), 2, 2, {false, false}).empty());
+}
+
+}  // namespace
+}  // namespace gpt2p::pipeline

@@ -17,8 +17,16 @@
 //    fails the job instead of hanging it. Lists of tensors go in one NCCL group.
 //  * Tensors passed to *_async calls must stay alive and unmodified until wait() returns (the
 //    NCCL backend also records them on its stream for torch's caching allocator).
-//  * Errors (mismatched sizes that can be seen locally, invalid peers, unsupported dtypes, library
-//    failures) throw gpt2p::Error naming rank, host, file:line and a fix.
+//  * Supported dtypes: float32, float64, int32, int64, bfloat16 (MPI reduces bfloat16 in float32
+//    and rounds back once; NCCL reduces it natively). Avg needs a floating dtype. Tensors of any
+//    layout work: non-contiguous ones go through a contiguous copy and are copied back.
+//  * Size agreement (CommOptions::check_sizes, on by default): blocking all_reduce (single and
+//    list), broadcast and all_gather first run one MPI_Allreduce of 6 int64 over the MPI
+//    communicator (numel, dtype and op/root as max and -max), so ranks that disagree all throw the
+//    same clear error instead of hanging or corrupting memory. It costs one tiny host-side
+//    collective per call; *_async calls and point-to-point calls are not checked.
+//  * Errors (mismatched sizes, invalid peers or tags, unsupported dtypes, library failures) throw
+//    gpt2p::Error naming rank, host, file:line and a fix.
 #pragma once
 
 #include <torch/types.h>
@@ -40,7 +48,8 @@ enum class Backend { kMpi, kNccl };
 class Work {
  public:
   virtual ~Work() = default;
-  // MPI: block until complete. NCCL: order torch's current stream after the operation (no host wait).
+  // MPI: block until complete. NCCL: order torch's current stream after the operation (no host
+  // wait).
   virtual void wait() = 0;
   // Block the host until the operation has completed (NCCL: polls for async errors, with timeout).
   virtual void synchronize() { wait(); }
@@ -53,6 +62,8 @@ struct CommOptions {
   Backend backend = Backend::kMpi;
   // How long synchronize()/blocking waits on NCCL work may take before the job is failed.
   std::chrono::milliseconds timeout{60000};
+  // Check that every rank passes the same number of elements/dtype to blocking collectives (above).
+  bool check_sizes = true;
 };
 
 class Communicator {
@@ -86,9 +97,11 @@ class Communicator {
 
  protected:
   explicit Communicator(Topology topo) : topo_(std::move(topo)) {}
-  // Shared argument checks, each with a clear error.
+  // Shared argument checks, each with a clear error: peer in [0, size) and not this rank; tensor
+  // defined, on device(), of a supported dtype; avg only on floating dtypes.
   void check_peer(int peer, const char* op) const;
   void check_tensor(const torch::Tensor& t, const char* op) const;
+  void check_reduce(const torch::Tensor& t, ReduceOp op, const char* what) const;
 
  private:
   Topology topo_;
@@ -97,12 +110,19 @@ class Communicator {
 // The MPI backend on `comm` (duplicated, so our traffic never mixes with the caller's).
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD);
 
-// The backend named in `options`. NCCL: bootstraps from MPI (rank 0 makes the ncclUniqueId, MPI_Bcast
-// sends it), picks GPU local_rank, and fails with a clear message when built without CUDA.
+// The backend named in `options`. NCCL: bootstraps from MPI (rank 0 makes the ncclUniqueId,
+// MPI_Bcast sends it), picks GPU local_rank, and fails with a clear message when built without
+// CUDA.
 std::unique_ptr<Communicator> make_communicator(const CommOptions& options,
                                                 MPI_Comm comm = MPI_COMM_WORLD);
 
+// "mpi" or "nccl" (throws naming the accepted values otherwise).
 Backend parse_backend(const std::string& name);
+const char* backend_name(Backend backend);
 const char* reduce_op_name(ReduceOp op);
+// Torch's name of a dtype ("float32", "bfloat16", "int8", ...), for messages.
+std::string dtype_name(torch::ScalarType type);
+// True when this build has the NCCL backend (compiled against a CUDA libtorch).
+bool nccl_available();
 
 }  // namespace gpt2p::comm

@@ -1,0 +1,76 @@
+// What every training rank records in <out>/rank<r>.h5 (see h5_writer.h for the file rules).
+//
+//   /steps    one row per optimizer step
+//     step, epoch, start, end          seconds since the run started (this rank's clock)
+//     data, forward, backward          phase times, seconds
+//     sync_total, sync_exposed         gradient synchronisation: all of it, and the part not
+//                                      hidden behind backward (the time the step waited for it)
+//     optimizer                        clipping + optimizer step
+//     padded_tokens, target_tokens     this rank's tokens this step: batch*seq as HW5 counts, and
+//                                      the target (loss) tokens
+//     loss, lr
+//   /epochs   one row per epoch
+//     epoch, train_time, padded_tokens, tokens_per_sec (padded, HW5), target_tokens_per_sec,
+//     val_loss, val_ppl, bleu (NaN where not measured), peak_memory_bytes
+//   /actions  pipeline ranks only: one row per executed schedule action
+//     step, stage, op, microbatch, start, end, bytes_sent, bytes_recv
+//     (op codes: 0 forward, 1 backward, 2 send activation, 3 recv activation, 4 send grad,
+//      5 recv grad, 6 optimizer)
+// Root attributes: program, config (JSON), world_size, rank, host, device, gpu_name, git_commit,
+// versions (JSON), started (UTC), peak_memory_bytes (at close).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpt2p/io/h5_writer.h"
+
+namespace gpt2p::io {
+
+struct StepRecord {
+  long long step = 0;
+  long long epoch = 0;
+  double start = 0, end = 0;
+  double data = 0, forward = 0, backward = 0, sync_total = 0, sync_exposed = 0, optimizer = 0;
+  long long padded_tokens = 0, target_tokens = 0;
+  double loss = 0, lr = 0;
+};
+
+struct EpochRecord {
+  long long epoch = 0;
+  double train_time = 0;
+  long long padded_tokens = 0;
+  double tokens_per_sec = 0, target_tokens_per_sec = 0;
+  double val_loss = 0, val_ppl = 0, bleu = 0;
+  double peak_memory_bytes = 0;
+};
+
+struct ActionRecord {
+  long long step = 0;
+  int stage = 0, op = 0, microbatch = 0;
+  double start = 0, end = 0;
+  long long bytes_sent = 0, bytes_recv = 0;
+};
+
+struct RunIdentity {
+  std::string program, config_json, host, device, gpu_name;
+  int world_size = 1, rank = 0;
+};
+
+class RunRecorder {
+ public:
+  // Opens <out_dir>/rank<rank>.h5 and writes the identity attributes.
+  RunRecorder(const std::string& out_dir, const RunIdentity& id);
+  void step(const StepRecord& r);
+  void epoch(const EpochRecord& r);
+  void action(const ActionRecord& r);
+  void set_attribute(const std::string& name, double value) { writer_.set_attribute(name, value); }
+  void close() { writer_.close(); }
+  const std::string& path() const { return writer_.path(); }
+
+ private:
+  H5Writer writer_;
+};
+
+}  // namespace gpt2p::io

@@ -1,0 +1,119 @@
+// GPT-2 in the libtorch idiom, with parameter names that map 1:1 to Hugging Face's
+// GPT2LMHeadModel (minus its "transformer." prefix; HF's Conv1D weights are stored transposed).
+//
+// For pipeline parallelism the model is a list of layers:
+//   layer 0            = embedding: wte + wpe + dropout          ids [B,T] int64 -> hidden [B,T,C]
+//   layers 1..n_layer  = transformer blocks h.0 .. h.<n_layer-1>  hidden -> hidden
+//   layer n_layer + 1  = final LayerNorm ln_f + LM head (tied to wte)  hidden -> logits [B,T,Vp]
+// A GPT2 built for a LayerRange [begin, end) registers only what that range needs, under the same
+// names as in the full model (block i is always "h.<i>"). A range with the head but without the
+// embedding registers its own "wte" (the tied head weight); keeping it equal to the embedding's
+// copy on another stage is the trainer's job (sum their gradients).
+#pragma once
+
+#include <torch/torch.h>
+
+#include "gpt2p/model/config.h"
+
+namespace gpt2p::model {
+
+// Half-open range of stage layers; end = -1 means "through the head".
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPT2Config& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+  torch::nn::Dropout resid_dropout_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPT2Config& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+
+ private:
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(MLP);
+
+// Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPT2Config& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPT2Impl : public torch::nn::Module {
+ public:
+  // Validates config and range; parameters are initialised with reset_parameters(0).
+  explicit GPT2Impl(const GPT2Config& config, LayerRange range = {});
+
+  // Runs the range: token ids [B,T] (int64) if it starts at the embedding, else hidden [B,T,C];
+  // returns logits [B,T,padded_vocab_size] if it ends with the head, else hidden [B,T,C].
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // GPT-2 init (normal 0.02; residual projections 0.02/sqrt(2*n_layer); zero biases; LayerNorm
+  // 1/0; padded wte rows zero), each layer from its own generator seeded by (seed, layer index),
+  // so a stage holds exactly the weights of the same layers of a full model with that seed.
+  void reset_parameters(uint64_t seed);
+
+  // The tied embedding / head weight [padded_vocab, C], or an undefined tensor if not held.
+  torch::Tensor tied_parameter() const;
+
+  // lm_loss / lm_loss_all below, with this model's vocab_size.
+  torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                        const torch::Tensor& mask) const;
+  torch::Tensor lm_loss_all(const torch::Tensor& logits, const torch::Tensor& ids) const;
+
+  const GPT2Config& config() const { return config_; }
+  const LayerRange& range() const { return range_; }  // resolved: end is never -1
+  bool has_embedding() const { return range_.begin == 0; }
+  bool has_head() const { return range_.end == config_.num_stage_layers(); }
+  bool is_full() const { return has_embedding() && has_head(); }
+
+  // Submodules (null when outside the range). Blocks are keyed by their global index.
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleDict h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GPT2Config config_;
+  LayerRange range_;
+  torch::nn::Dropout drop_{nullptr};
+};
+TORCH_MODULE(GPT2);
+
+// Mean cross-entropy over the positions where mask == 1, using only the first vocab_size logit
+// columns (padded columns never count). logits [B,T,V'>=vocab_size], labels [B,T] int64 (any
+// value where mask == 0), mask [B,T] (float or bool). Computed in float32.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                      const torch::Tensor& mask, int64_t vocab_size);
+
+// Hugging Face's loss with labels = input_ids: logits at t predict ids at t+1, mean over all
+// B*(T-1) predicted positions.
+torch::Tensor lm_loss_all(const torch::Tensor& logits, const torch::Tensor& ids,
+                          int64_t vocab_size);
+
+// Sum (not mean) of the same per-position losses, for pooling over sequences of different length.
+torch::Tensor lm_loss_all_sum(const torch::Tensor& logits, const torch::Tensor& ids,
+                              int64_t vocab_size);
+
+}  // namespace gpt2p::model

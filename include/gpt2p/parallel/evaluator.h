@@ -1,0 +1,48 @@
+// Evaluation during training: validation loss/perplexity over the ranks, and greedy translations
+// of a few test pairs scored with corpus BLEU. The model is reached through a function so that the
+// same code serves a whole model and a pipeline.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gpt2p/comm/communicator.h"
+#include "gpt2p/data/bpe_tokenizer.h"
+#include "gpt2p/data/dataset_file.h"
+
+namespace gpt2p::parallel {
+
+// Token ids [B,T] int64 on the model's device -> logits [B,T,V'] (V' >= vocab_size).
+using LogitsFn = std::function<torch::Tensor(const torch::Tensor& ids)>;
+
+struct LossResult {
+  double loss = 0;        // mean masked cross-entropy over all evaluated target tokens
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0;
+};
+
+// The first `max_pairs` (0 = all) examples of `split`, shared round-robin over the communicator's
+// ranks (comm may be null: this rank does all); sums are all-reduced, so every rank gets the result.
+LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int64_t max_pairs,
+                           int64_t batch_size, int64_t seq_len, const data::SpecialTokens& special,
+                           int64_t vocab_size, const torch::Device& device,
+                           comm::Communicator* comm);
+
+struct Translation {
+  std::string source, hypothesis, reference;
+};
+
+// Greedy decoding of the first `n` examples of `split`: German + <eos_de>, then argmax tokens until
+// <eos_en> or seq_len tokens in all.
+std::vector<Translation> translate(const LogitsFn& logits, const data::Split& split, int n,
+                                   int64_t seq_len, const data::SpecialTokens& special,
+                                   int64_t vocab_size, const data::BpeTokenizer& tokenizer,
+                                   const torch::Device& device);
+
+// Corpus BLEU (sacreBLEU default) of the translations; NaN when there are none.
+double translations_bleu(const std::vector<Translation>& translations);
+
+}  // namespace gpt2p::parallel

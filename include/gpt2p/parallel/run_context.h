@@ -1,0 +1,53 @@
+// What every trainer sets up the same way before its first step: device, communicator,
+// tokenizer, model shape, output file identity.
+#pragma once
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+
+#include "gpt2p/cli/train_options.h"
+#include "gpt2p/comm/communicator.h"
+#include "gpt2p/data/bpe_tokenizer.h"
+#include "gpt2p/data/special_tokens.h"
+#include "gpt2p/io/run_record.h"
+#include "gpt2p/model/config.h"
+#include "gpt2p/model/gpt2.h"
+
+namespace gpt2p::parallel {
+
+struct RunContext {
+  cli::TrainConfig cfg;
+  Topology topo;
+  torch::Device device{torch::kCPU};
+  std::unique_ptr<comm::Communicator> comm;  // NCCL on cuda, MPI on cpu
+  data::BpeTokenizer tokenizer;
+  data::SpecialTokens special;
+  model::GPT2Config model_config;
+};
+
+// Resolves the config (device defaults, validation), picks this rank's GPU (local rank), limits
+// CPU threads to this rank's share of the cores, makes the communicator and loads the tokenizer.
+RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const Topology& topo);
+
+// Preset + overrides, vocabulary = the tokenizer's (GPT-2 + 3 specials), context >= --seq-len.
+model::GPT2Config model_config_for(const cli::TrainConfig& cfg, int64_t vocab_size);
+
+// Broadcasts every parameter from rank 0, then checks that all ranks hold the same values
+// (a float64 checksum all-gathered); throws naming the first rank that differs.
+void broadcast_parameters(model::GPT2& model, comm::Communicator& comm);
+double parameter_checksum(model::GPT2& model);
+
+// Loads --init-from (a Hugging Face GPT-2 directory or one of our checkpoints) into `model`.
+void init_from(model::GPT2& model, const std::string& dir);
+
+io::RunIdentity run_identity(const RunContext& ctx, const char* program);
+
+// Sum of the masked cross-entropy scaled so that averaging gradients over `world` ranks gives the
+// gradient of the mean over the global batch's `global_target_tokens` (see train_data.h).
+torch::Tensor scaled_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                          const torch::Tensor& mask, int64_t vocab_size,
+                          int64_t global_target_tokens, int world);
+
+}  // namespace gpt2p::parallel

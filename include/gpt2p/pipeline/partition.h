@@ -1,0 +1,54 @@
+// Which layers each pipeline stage holds.
+//
+// Layers are numbered 0..L+1 for a GPT-2 with L transformer blocks:
+//   0        token + position embedding (wte, wpe)
+//   1..L     transformer block b-1 (h.0 .. h.{L-1})
+//   L+1      final layer norm (ln_f) + LM head (tied to wte)
+// A partition gives every stage a non-empty, contiguous range [begin, end) of these numbers; the
+// ranges are in stage order and cover 0..L+1 exactly.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gpt2p::pipeline {
+
+struct LayerRange {
+  int begin = 0;  // first layer of the stage
+  int end = 0;    // one past the last layer
+  int size() const { return end - begin; }
+  bool contains(int layer) const { return layer >= begin && layer < end; }
+  bool operator==(const LayerRange& o) const { return begin == o.begin && end == o.end; }
+};
+using Partition = std::vector<LayerRange>;  // one range per stage
+
+// HW5's split: ceil(L / n) blocks per stage in order (the last stage gets what is left), the
+// embedding on the first stage, ln_f + head on the last. Throws gpt2p::Error when n_stages < 1,
+// n_stages > n_blocks, or the split leaves a stage with no layer at all (e.g. 12 blocks on 8
+// stages: 2 per stage fill 6 stages); the message names the numbers and the fix.
+Partition partition_uniform(int n_blocks, int n_stages);
+
+// Contiguous split of layers 0..size-1 into n_stages non-empty stages minimising the largest
+// stage cost (sum of its layers' costs); exact (dynamic programming over prefix sums).
+// `layer_costs` are per-layer costs in any unit: layer_costs_flops(), or measured times.
+// Ties: among optimal splits the later stages take as many layers as the optimum allows, so the
+// earlier stages are the lighter ones (they hold the most live activations under 1F1B). Needs
+// layer_costs.size() == L + 2 >= 3 with 1 <= n_stages <= L, every cost finite and >= 0.
+Partition partition_balanced(const std::vector<double>& layer_costs, int n_stages);
+
+// FLOPs of forward + backward (3 x forward) per layer for one sequence of seq_len tokens:
+//   embedding 0 (a gather: memory-bound, no multiply-adds),
+//   block     3 * (24 T C^2 + 4 T^2 C)   (QKV/proj/MLP matmuls + attention scores and values),
+//   ln_f+head 3 * (2 T C V).
+// n_head does not change the FLOPs; it is checked to divide n_embd. Returns L + 2 values.
+std::vector<double> layer_costs_flops(int n_layer, int n_embd, int n_head, int seq_len,
+                                      int vocab_size);
+
+// Sum of layer costs per stage; throws unless `partition` covers layer_costs exactly.
+std::vector<double> stage_costs(const std::vector<double>& layer_costs, const Partition& partition);
+double max_stage_cost(const std::vector<double>& layer_costs, const Partition& partition);
+
+// Inclusive ranges per stage, "0-6|7-13".
+std::string to_string(const Partition& partition);
+
+}  // namespace gpt2p::pipeline

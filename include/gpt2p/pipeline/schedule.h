@@ -1,0 +1,107 @@
+// Pipeline schedules as plain values: clock cycles (GPipe's table) and per-rank action lists.
+//
+// Nothing here runs anything. An executor walks a rank's action list in order; the simulator
+// (simulator.h) dry-runs all ranks' lists to check the plan and predict its bubble.
+//
+// clock_cycles(m, n) for m micro-batches on n stages: m + n - 1 ticks; tick k holds every
+// (micro-batch i, stage j) with i + j == k, ordered by increasing stage j. For m = 3, n = 3:
+//
+//            stage 0   stage 1   stage 2
+//   tick 0   (0,0)
+//   tick 1   (1,0)     (0,1)
+//   tick 2   (2,0)     (1,1)     (0,2)
+//   tick 3             (2,1)     (1,2)
+//   tick 4                       (2,2)
+//
+// Action lists: rank r runs stage r (one stage per rank). Each action prints as in
+// torch.distributed.pipelining, with the peer of send/recv appended:
+//
+//   "2F0"        stage 2, forward of micro-batch 0
+//   "1B3"        stage 1, backward of micro-batch 3
+//   "0SEND_F1->1"  stage 0 sends the activation of micro-batch 1 to stage 1
+//   "1RECV_F1<-0"  stage 1 receives the activation of micro-batch 1 from stage 0
+//   "1SEND_B1->0"  stage 1 sends the input gradient of micro-batch 1 to stage 0
+//   "0RECV_B1<-1"  stage 0 receives that gradient from stage 1
+//
+// Schedules are built in two passes, as torch does: a compute-only list (F and B actions) per
+// rank, then add_communication() inserts the sends and receives around them.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpt2p::pipeline {
+
+// One cell of the clock-cycle table: micro-batch `microbatch` runs on stage `stage`.
+struct Cell {
+  int microbatch = 0;
+  int stage = 0;
+  bool operator==(const Cell& o) const { return microbatch == o.microbatch && stage == o.stage; }
+};
+std::ostream& operator<<(std::ostream& os, const Cell& c);  // "(i,j)"
+
+// The m + n - 1 ticks of GPipe's forward pass (see the table above). m >= 1, n >= 1.
+std::vector<std::vector<Cell>> clock_cycles(int n_microbatches, int n_stages);
+
+struct Action {
+  enum class Op { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad };
+  Op op = Op::kForward;
+  int stage = 0;  // the stage (== rank) that executes the action
+  int microbatch = 0;
+  int peer = -1;  // the other stage of a send/recv; -1 for F and B
+
+  bool is_compute() const { return op == Op::kForward || op == Op::kBackward; }
+  bool is_send() const { return op == Op::kSendActivation || op == Op::kSendGrad; }
+  bool is_recv() const { return op == Op::kRecvActivation || op == Op::kRecvGrad; }
+  bool operator==(const Action& o) const {
+    return op == o.op && stage == o.stage && microbatch == o.microbatch && peer == o.peer;
+  }
+  bool operator!=(const Action& o) const { return !(*this == o); }
+};
+
+// Per rank, the actions in execution order. schedule[r] holds only actions with stage == r.
+using RankActions = std::vector<Action>;
+using Schedule = std::vector<RankActions>;
+
+// "2F0", "1B3", "0SEND_F1->1", "1RECV_F1<-0", "1SEND_B1->0", "0RECV_B1<-1" (see above).
+std::string to_string(const Action& a);
+std::ostream& operator<<(std::ostream& os, const Action& a);
+// Inverse of to_string; throws gpt2p::Error naming the text and the expected form.
+Action parse_action(std::string_view text);
+
+// Space-separated actions, e.g. "0F0 0SEND_F0->1 0F1"; parse_actions accepts any whitespace.
+std::string to_string(const RankActions& actions);
+RankActions parse_actions(std::string_view text);
+// One line per rank: "rank 0: 0F0 0SEND_F0->1 ...".
+std::string to_string(const Schedule& schedule);
+
+// Compute-only schedules (F and B actions), one list per stage.
+//
+// GPipe (torch.distributed.pipelining's ScheduleGPipe order): every stage runs the forwards of
+// micro-batches 0..m-1, then the backwards in the same order 0..m-1. All m activations are alive
+// on every stage at the turn.
+Schedule gpipe_schedule(int n_microbatches, int n_stages);
+
+// 1F1B (PipeDream-flush / Megatron / torch's Schedule1F1B): stage s runs
+//   warm-up:   w = min(m, n - s - 1) forwards F0..F(w-1)
+//   steady:    for i in 0..m-w-1: F(w+i), then B(i)
+//   cool-down: the remaining backwards B(m-w)..B(m-1)
+// so at most min(m, n - s) activations are alive on stage s at any time.
+Schedule one_f_one_b_schedule(int n_microbatches, int n_stages);
+
+// Inserts the point-to-point actions into a compute-only schedule of n stages:
+//   before F at s > 0:      RECV_F from s-1      after F at s < n-1:  SEND_F to s+1
+//   before B at s < n-1:    RECV_B from s+1      after B at s > 0:    SEND_B to s-1
+// Throws if the input already holds send/recv actions or a rank's actions name another stage.
+Schedule add_communication(const Schedule& compute, int n_stages);
+
+enum class ScheduleKind { kGPipe, kOneFOneB };
+// "gpipe" or "1f1b"; throws gpt2p::Error listing the accepted names.
+ScheduleKind parse_schedule_kind(const std::string& name);
+std::string to_string(ScheduleKind kind);
+// The compute schedule of `kind` with communication added: what an executor runs.
+Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_stages);
+
+}  // namespace gpt2p::pipeline

@@ -1,0 +1,27 @@
+# Shared by scripts/test, scripts/run, scripts/bench: configure + build in one place.
+# Usage: source scripts/lib.sh; gpt2p_build <build-dir> [extra cmake args...]
+GPT2P_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export GPT2P_VOCAB_DIR=${GPT2P_VOCAB_DIR:-$GPT2P_ROOT/.cache/gpt2-vocab}
+
+# True when PyTorch with CUDA and a GPU are here: then we build against PyTorch's libtorch.
+gpt2p_has_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 &&
+    python3 -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
+}
+
+gpt2p_build() {
+  local dir=$1; shift
+  local args=(-G Ninja -DCMAKE_BUILD_TYPE=${GPT2P_BUILD_TYPE:-RelWithDebInfo})
+  if gpt2p_has_gpu; then
+    [ -d "$GPT2P_ROOT/.gpu-deps" ] && eval "$(bash "$GPT2P_ROOT/.gpu-deps/unpack")"
+    args+=(-DCMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:-$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')}"
+           -DBoost_USE_STATIC_LIBS=ON)
+  fi
+  command -v ninja >/dev/null 2>&1 || args=("${args[@]:2}")
+  cmake -S "$GPT2P_ROOT" -B "$dir" "${args[@]}" "$@" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; echo "configure failed (log: $dir.configure.log)" >&2; return 1; }
+  cmake --build "$dir" -j "${GPT2P_JOBS:-$(nproc)}"
+}

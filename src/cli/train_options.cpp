@@ -1,0 +1,162 @@
+#include "gpt2p/cli/train_options.h"
+
+#include <cstdlib>
+
+namespace gpt2p::cli {
+namespace {
+
+const char* program_name(Program p) {
+  switch (p) {
+    case Program::kSingle: return "gpt2_train";
+    case Program::kDataParallel: return "dp_train";
+    case Program::kPipeline: return "pp_train";
+  }
+  return "?";
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw UsageError(message);
+}
+
+void require_one_of(const std::string& flag, const std::string& value,
+                    std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += (list.empty() ? "" : " | ") + std::string(a);
+  }
+  throw UsageError("--" + flag + " '" + value + "' is not one of: " + list);
+}
+
+}  // namespace
+
+void add_train_options(po::options_description& desc, TrainConfig& c, Program program) {
+  po::options_description model("Model");
+  model.add_options()
+      ("preset", po::value(&c.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
+      ("n-layer", po::value(&c.n_layer), "override: number of transformer blocks")
+      ("n-head", po::value(&c.n_head), "override: attention heads")
+      ("n-embd", po::value(&c.n_embd), "override: model width")
+      ("dropout", po::value(&c.dropout), "override: dropout probability (preset: 0.1)");
+  po::options_description data("Data");
+  data.add_options()
+      ("data", po::value(&c.data)->default_value(c.data), "prepared dataset (HDF5, from prepare_data)")
+      ("vocab-dir", po::value(&c.vocab_dir), "GPT-2 vocabulary (encoder.json + vocab.bpe, or vocab.json + merges.txt); default $GPT2P_VOCAB_DIR or .cache/gpt2-vocab")
+      ("max-train-pairs", po::value(&c.max_train_pairs), "use the first N training pairs; 0 = all (default: 5000 on cuda as HW5, 128 on cpu)")
+      ("max-eval-pairs", po::value(&c.max_eval_pairs), "validation pairs evaluated per epoch; 0 = all (default: 256 on cuda, 32 on cpu)");
+  po::options_description opt("Optimisation");
+  opt.add_options()
+      ("epochs", po::value(&c.epochs), "passes over the training pairs (default: 10 on cuda, 2 on cpu)")
+      ("max-steps", po::value(&c.max_steps)->default_value(c.max_steps), "stop after this many optimizer steps; 0 = no limit")
+      ("batch-size", po::value(&c.batch_size), "GLOBAL batch in sequences per optimizer step (default: 128 on cuda, 16 on cpu)")
+      ("seq-len", po::value(&c.seq_len), "tokens per sequence, max_len of HW5 (default: 128 on cuda, 32 on cpu)")
+      ("grad-accum", po::value(&c.grad_accum)->default_value(c.grad_accum), "micro-steps accumulated per optimizer step")
+      ("lr", po::value(&c.lr)->default_value(c.lr), "AdamW learning rate")
+      ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "AdamW weight decay")
+      ("grad-clip", po::value(&c.grad_clip)->default_value(c.grad_clip), "clip the global gradient norm to this; 0 = off")
+      ("precision", po::value(&c.precision)->default_value(c.precision), "fp32 | tf32 | bf16 (bf16 autocast on cuda)")
+      ("device", po::value(&c.device)->default_value(c.device), "auto | cpu | cuda (auto: cuda when built with CUDA and a GPU is present)")
+      ("seed", po::value(&c.seed)->default_value(c.seed), "seed for initialisation, shuffling and dropout")
+      ("warmup-epochs", po::value(&c.warmup_epochs)->default_value(c.warmup_epochs), "epochs the analysis drops as warm-up (recorded in the output)");
+  po::options_description out("Output");
+  out.add_options()
+      ("out", po::value(&c.out), "output directory: rank<r>.h5 timing files, checkpoints (default: runs/<program>)")
+      ("init-from", po::value(&c.init_from), "initialise from a Hugging Face GPT-2 directory or one of our checkpoints")
+      ("save-every", po::value(&c.save_every)->default_value(c.save_every), "checkpoint every N optimizer steps; 0 = at the end of each epoch")
+      ("resume", po::value(&c.resume), "resume from this checkpoint directory (model, optimizer, step, RNG, data position)")
+      ("translate-samples", po::value(&c.translate_samples), "test pairs greedily translated (and BLEU-scored) per epoch (default: 4 on cuda, 2 on cpu)")
+      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "rank 0 prints a progress line every N steps")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(c.comm_timeout_s), "seconds a rank waits on a collective before failing the job (NCCL)");
+  desc.add(model).add(data).add(opt).add(out);
+  if (program == Program::kDataParallel) {
+    po::options_description dp("Data parallel");
+    dp.add_options()
+        ("grad-sync", po::value(&c.grad_sync)->default_value(c.grad_sync), "per-param (one all_reduce per parameter, HW5) | bucketed (overlapped with backward)")
+        ("bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "bucket size in MiB for --grad-sync bucketed")
+        ("reduce-dtype", po::value(&c.reduce_dtype)->default_value(c.reduce_dtype), "fp32 | bf16: dtype gradients travel in");
+    desc.add(dp);
+  }
+  if (program == Program::kPipeline) {
+    po::options_description pp("Pipeline parallel");
+    pp.add_options()
+        ("mode", po::value(&c.mode)->default_value(c.mode), "pipeline | model_parallel (whole batch as one micro-batch, HW5's baseline)")
+        ("schedule", po::value(&c.schedule)->default_value(c.schedule), "gpipe | 1f1b")
+        ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size")
+        ("partition", po::value(&c.partition)->default_value(c.partition), "uniform (HW5: ceil(blocks/stages) each) | balanced (cost model)");
+    desc.add(pp);
+  }
+}
+
+void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) {
+  require_one_of("device", c.device, {"auto", "cpu", "cuda"});
+  if (c.device == "auto") c.device = cuda_available ? "cuda" : "cpu";
+  require(c.device != "cuda" || cuda_available,
+          "--device cuda: this build has no CUDA or no GPU is visible (rebuild against a CUDA "
+          "libtorch, or pass --device cpu)");
+  const bool gpu = c.device == "cuda";
+  if (c.preset.empty()) c.preset = gpu ? "gpt2" : "tiny";
+  // The CPU default is a demo that finishes in about a minute on two cores (the 50k-wide head
+  // dominates the cost of the tiny model).
+  if (c.max_train_pairs < 0) c.max_train_pairs = gpu ? 5000 : 128;
+  if (c.max_eval_pairs < 0) c.max_eval_pairs = gpu ? 256 : 32;
+  if (c.translate_samples < 0) c.translate_samples = gpu ? 4 : 2;
+  if (c.epochs < 0) c.epochs = gpu ? 10 : 2;
+  if (c.batch_size < 0) c.batch_size = gpu ? 128 : 16;
+  if (c.seq_len < 0) c.seq_len = gpu ? 128 : 32;
+  if (c.vocab_dir.empty()) {
+    const char* env = std::getenv("GPT2P_VOCAB_DIR");
+    c.vocab_dir = env != nullptr && *env != '\0' ? env : ".cache/gpt2-vocab";
+  }
+  if (c.out.empty()) c.out = std::string("runs/") + program_name(program);
+  require(c.epochs > 0, "--epochs must be positive");
+  require(c.batch_size > 0, "--batch-size must be positive");
+  require(c.seq_len > 1, "--seq-len must be at least 2");
+  require(c.grad_accum > 0, "--grad-accum must be positive");
+  require(c.batch_size % c.grad_accum == 0, "--batch-size " + std::to_string(c.batch_size) +
+                                                " is not divisible by --grad-accum " +
+                                                std::to_string(c.grad_accum));
+  require(c.lr > 0, "--lr must be positive");
+  require(c.max_steps >= 0, "--max-steps must be >= 0");
+  require(c.comm_timeout_s > 0, "--comm-timeout must be positive");
+  require_one_of("precision", c.precision, {"fp32", "tf32", "bf16"});
+  require_one_of("grad-sync", c.grad_sync, {"per-param", "bucketed"});
+  require_one_of("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
+  require(c.bucket_mb > 0, "--bucket-mb must be positive");
+  require_one_of("mode", c.mode, {"pipeline", "model_parallel"});
+  require_one_of("schedule", c.schedule, {"gpipe", "1f1b"});
+  require_one_of("partition", c.partition, {"uniform", "balanced"});
+  require(c.microbatches > 0, "--microbatches must be positive");
+  if (program == Program::kPipeline && c.mode == "model_parallel") c.microbatches = 1;
+  require(program != Program::kPipeline || c.batch_size % c.microbatches == 0,
+          "--microbatches " + std::to_string(c.microbatches) + " does not divide --batch-size " +
+              std::to_string(c.batch_size) + ": pick M with batch % M == 0");
+}
+
+nlohmann::json to_json(const TrainConfig& c) {
+  return {{"preset", c.preset}, {"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
+          {"dropout", c.dropout}, {"data", c.data}, {"vocab_dir", c.vocab_dir}, {"max_train_pairs", c.max_train_pairs},
+          {"max_eval_pairs", c.max_eval_pairs}, {"epochs", c.epochs}, {"max_steps", c.max_steps},
+          {"batch_size", c.batch_size}, {"seq_len", c.seq_len}, {"grad_accum", c.grad_accum},
+          {"lr", c.lr}, {"weight_decay", c.weight_decay}, {"grad_clip", c.grad_clip},
+          {"precision", c.precision}, {"device", c.device}, {"seed", c.seed},
+          {"warmup_epochs", c.warmup_epochs}, {"out", c.out}, {"init_from", c.init_from},
+          {"save_every", c.save_every}, {"resume", c.resume},
+          {"translate_samples", c.translate_samples}, {"grad_sync", c.grad_sync},
+          {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype}, {"mode", c.mode},
+          {"schedule", c.schedule}, {"microbatches", c.microbatches},
+          {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};
+}
+
+bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) {
+  po::options_description desc;
+  add_train_options(desc, cfg, program);
+  po::variables_map vm;
+  static const char* const kSummary[] = {
+      "Single-rank GPT-2 training on German->English pairs (CPU or one GPU).",
+      "Data-parallel GPT-2 training: mpirun -np N dp_train [options]; gradients averaged each step.",
+      "Pipeline-parallel GPT-2 training: mpirun -np STAGES pp_train [options] (GPipe or 1F1B)."};
+  return parse_or_help(program_name(program), kSummary[static_cast<int>(program)], desc, argc,
+                       argv, vm);
+}
+
+}  // namespace gpt2p::cli

@@ -1,0 +1,59 @@
+#include "gpt2p/parallel/train_data.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::parallel {
+
+TrainData::TrainData(const TrainDataOptions& o, int rank, int world)
+    : file_(data::DatasetFile::open(o.path)), rank_(rank), seq_len_(o.seq_len) {
+  file_.require_tokenizer(o.tokenizer_identity, o.vocab_size);
+  const auto& train = file_.split("train");
+  train_pairs_ = o.max_train_pairs > 0 ? std::min(o.max_train_pairs, train.size()) : train.size();
+  GPT2P_CHECK(train_pairs_ >= o.global_batch,
+              "dataset " << o.path << " has " << train_pairs_ << " training pairs (after "
+                         << "--max-train-pairs), fewer than one global batch of " << o.global_batch,
+              "lower --batch-size or raise --max-train-pairs");
+  // HW5 trains on the first N pairs; every rank partitions them the same way.
+  for (int r = 0; r < world; ++r) {
+    auto part = data::partition_dataset(r, world, train_pairs_, o.global_batch, o.seed);
+    local_batch_ = part.local_batch;
+    GPT2P_CHECK(static_cast<int64_t>(part.indices.size()) >= part.local_batch,
+                "rank " << r << " gets " << part.indices.size() << " pairs, fewer than its batch of "
+                        << part.local_batch,
+                "use fewer ranks, a smaller --batch-size or more --max-train-pairs");
+    samplers_.emplace_back(std::move(part.indices), part.local_batch, o.seed + 1 + r);
+  }
+  // Target tokens per example, exactly as make_batch will mask them.
+  target_tokens_.resize(static_cast<size_t>(train_pairs_));
+  std::vector<int64_t> ids;
+  std::vector<float> mask;
+  for (int64_t i = 0; i < train_pairs_; ++i) {
+    data::build_row(train.src(i), train.tgt(i), seq_len_, special(), ids, mask);
+    // The shifted mask drops position 0, which is never a target.
+    target_tokens_[static_cast<size_t>(i)] =
+        static_cast<int64_t>(std::accumulate(mask.begin() + 1, mask.end(), 0.0f));
+  }
+}
+
+TrainData::Step TrainData::next() {
+  Step step{};
+  int64_t global = 0;
+  std::vector<int64_t> mine;
+  for (size_t r = 0; r < samplers_.size(); ++r) {
+    auto indices = samplers_[r].next();
+    for (int64_t i : indices) global += target_tokens_[static_cast<size_t>(i)];
+    if (static_cast<int>(r) == rank_) mine = std::move(indices);
+  }
+  step.batch = data::make_batch(file_.split("train"), mine, seq_len_, special());
+  step.global_target_tokens = global;
+  return step;
+}
+
+void TrainData::set_position(const data::SamplerPosition& p) {
+  for (auto& s : samplers_) s.set_position(p);
+}
+
+}  // namespace gpt2p::parallel
