@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Side-by-side table of our device runs and a PyTorch anchor's JSON lines.
+
+usage: bench_table.py dp|pp RUNS_DIR ANCHOR_JSONL [--json OUT]
+
+Ours: for each run directory under RUNS_DIR, tokens/s two ways -- HW5's (per epoch, padded tokens
+summed over ranks / mean rank training time, first epoch dropped) and the median step
+(all ranks' padded tokens / median step time of epochs after the first), which is what the anchors
+report (median of timed steps). Anchor: its tok_s per configuration.
+"""
+import argparse
+import json
+import pathlib
+import statistics
+
+import h5py
+import numpy as np
+
+
+def our_run(run_dir):
+    ranks = sorted(run_dir.glob("rank*.h5"))
+    if not ranks:
+        return None
+    per_rank_time, per_rank_tok, step_times, step_tokens = [], [], [], 0
+    cfg = {}
+    for path in ranks:
+        with h5py.File(path, "r") as f:
+            cfg = json.loads(f.attrs["config"])
+            ep = f["epochs"]
+            keep = ep["epoch"][:] >= 1 if len(ep["epoch"]) > 1 else slice(None)
+            per_rank_time.append(np.asarray(ep["train_time"][:])[keep])
+            per_rank_tok.append(np.asarray(ep["tokens_per_sec"][:])[keep])
+            st = f["steps"]
+            sel = st["epoch"][:] >= 1 if len(ep["epoch"]) > 1 else slice(None)
+            step_times.append(np.asarray(st["end"][:] - st["start"][:])[sel])
+            step_tokens += int(st["padded_tokens"][0])
+    epoch_time = np.mean(per_rank_time, axis=0)       # mean over ranks, per epoch
+    epoch_tok = np.sum(per_rank_tok, axis=0)          # sum over ranks, per epoch
+    med_step = float(np.median(np.max(np.stack(step_times), axis=0)))
+    return dict(world=len(ranks), precision=cfg.get("precision"), seq=cfg.get("seq_len"),
+                batch=cfg.get("batch_size"), sync=cfg.get("grad_sync"),
+                mode=cfg.get("mode"), schedule=cfg.get("schedule"), m=cfg.get("microbatches"),
+                partition=cfg.get("partition"),
+                hw5_epoch_time=float(np.mean(epoch_time)), hw5_tok_s=float(np.mean(epoch_tok)),
+                median_step_s=med_step, step_tok_s=step_tokens / med_step)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=["dp", "pp"])
+    ap.add_argument("runs", type=pathlib.Path)
+    ap.add_argument("anchor", type=pathlib.Path)
+    ap.add_argument("--json", type=pathlib.Path)
+    a = ap.parse_args()
+    ours = {d.name: our_run(d) for d in sorted(a.runs.iterdir()) if d.is_dir()}
+    ours = {k: v for k, v in ours.items() if v}
+    anchor = []
+    if a.anchor.exists():
+        for line in a.anchor.read_text().splitlines():
+            try:
+                anchor.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    print(f"{'run':34s} {'world':>5s} {'HW5 tok/s':>11s} {'epoch s':>8s} {'step tok/s':>11s} {'step ms':>8s}")
+    for name, r in ours.items():
+        print(f"{name:34s} {r['world']:5d} {r['hw5_tok_s']:11.0f} {r['hw5_epoch_time']:8.2f} "
+              f"{r['step_tok_s']:11.0f} {1000 * r['median_step_s']:8.1f}")
+    if anchor:
+        print("anchor (PyTorch, median step):")
+        for x in anchor:
+            if "tok_s" in x:
+                label = " ".join(f"{k}={x[k]}" for k in x if k not in ("tok_s", "step_s", "mem_gib"))
+                print(f"  {label:60s} tok/s {x['tok_s']:>9} step {1000 * x['step_s']:.1f} ms")
+            else:
+                print("  ", json.dumps(x))
+    if a.json:
+        a.json.write_text(json.dumps({"ours": ours, "anchor": anchor}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

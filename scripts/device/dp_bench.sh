@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# dp_train's device benchmark (issue: HW5 comparison + bf16, both sync modes) beside ddp_anchor.py.
+# usage: dp_bench.sh BUILD_DIR OUT_DIR NGPU        (called by scripts/gpu-check)
+set -uo pipefail
+bin=$1; out=$2; ngpu=$3
+runs=$out/dp_runs; mkdir -p "$runs"
+anchors=.anchors; [ -d "$anchors" ] || anchors=../shared/anchors
+data=.cache/data/ding-gpt2.h5
+[ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
+common=(--data "$data" --epochs ${DP_EPOCHS:-3} --translate-samples 0 --max-eval-pairs 64 --log-every 1000)
+run() {  # name np flags...
+  local name=$1 np=$2; shift 2
+  echo "== $name: mpirun -np $np dp_train $*" | tee -a "$out/dp.log"
+  mpirun -np "$np" "$bin/dp_train" "${common[@]}" --out "$runs/$name" "$@" >>"$out/dp.log" 2>&1 ||
+    echo "!! $name failed" | tee -a "$out/dp.log"
+}
+# HW5: 1 GPU at batch 64 vs 2 GPUs at batch 128, fp32, sequence 128.
+fp32=(--precision fp32 --seq-len 128 --max-train-pairs ${DP_FP32_PAIRS:-2560})
+run fp32_1gpu 1 "${fp32[@]}" --batch-size 64
+# bf16, sequence 1024, 16 per GPU.
+bf16=(--precision bf16 --seq-len 1024 --max-train-pairs ${DP_BF16_PAIRS:-1280})
+run bf16_1gpu 1 "${bf16[@]}" --batch-size 16
+if [ "$ngpu" -ge 2 ]; then
+  for sync in bucketed per-param; do
+    run fp32_2gpu_$sync 2 "${fp32[@]}" --batch-size 128 --grad-sync $sync
+    run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync
+  done
+  anchor_configs="64x128xfp32,16x1024xbf16"
+else
+  anchor_configs="64x128xfp32,16x1024xbf16"
+fi
+CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout 400 python3 "$anchors/ddp_anchor.py" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err"
+python3 scripts/device/bench_table.py dp "$runs" "$out/ddp_anchor.jsonl" --json "$out/dp_summary.json" | tee "$out/dp_table.txt"
