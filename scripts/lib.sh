@@ -25,3 +25,17 @@ gpt2p_build() {
     { cat "$dir.configure.log"; echo "configure failed (log: $dir.configure.log)" >&2; return 1; }
   cmake --build "$dir" -j "${GPT2P_JOBS:-$(nproc)}"
 }
+
+# The python3 that has the analysis dependencies (h5py, numpy, matplotlib, pytest): the first on
+# PATH may be a pyenv/venv one without them, while Debian's python3-* packages live in /usr/bin.
+gpt2p_python() {
+  local py
+  for py in python3 /usr/bin/python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import h5py, numpy, matplotlib' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  echo "python3"
+}
+GPT2P_PYTHON=${GPT2P_PYTHON:-$(gpt2p_python)}
+export GPT2P_PYTHON

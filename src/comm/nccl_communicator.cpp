@@ -183,6 +183,11 @@ class NcclCommunicator final : public Communicator {
     if (rank() == 0) GPT2P_NCCL_CHECK(ncclGetUniqueId(&id));
     GPT2P_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, mpi_comm_));
     GPT2P_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()));
+    // NCCL connects peers lazily, inside the first collective's host call, which then blocks
+    // until every peer joins. One collective now, while all ranks are known to be here, moves
+    // that wait out of the training loop and lets a later dead peer surface as a timeout in
+    // Work::synchronize() instead of a hang in the enqueue.
+    barrier();
   }
 
   ~NcclCommunicator() override {

@@ -235,6 +235,8 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
     recorder.epoch(er);
     if (cfg.save_every == 0) save(epoch + 1, 0);
+    // Evaluation and rank 0's checkpoint must not leak into another rank's next timed step.
+    if (world > 1) ctx.comm->barrier();
   }
   recorder.set_attribute("peak_memory_bytes", static_cast<double>(compat::peak_memory_bytes(ctx.device)));
   recorder.close();
