@@ -1,0 +1,207 @@
+"""python3 -m analysis {summarize,hw5,timeline,sweep} ...; see --help of each."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from analysis import metrics, plots, summary, timeline
+from analysis.reader import Run, RunError, find_runs, read_run, warn
+
+EXIT_BELOW_THRESHOLD = 2
+
+
+def _expand(paths: List[str], allow_missing: bool) -> List[Run]:
+    """Each path is a run directory or a directory holding run directories."""
+    runs = []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            if allow_missing:
+                warn(f"{path}: does not exist, skipped")
+                continue
+            raise RunError(f"{path}: no such run directory")
+        dirs = find_runs(path)
+        if not dirs:
+            raise RunError(f"{path}: no rank<r>.h5 files here or below; pass a trainer's --out directory")
+        runs.extend(read_run(d) for d in dirs)
+    if not runs:
+        raise RunError("none of the given run directories exists: " + " ".join(paths))
+    return runs
+
+
+def _unique_names(runs: List[Run]) -> List[str]:
+    names, seen = [], {}
+    for r in runs:
+        base = r.name or "run"
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return names
+
+
+def _fmt(x: float, digits=4) -> str:
+    return "nan" if x is None or x != x else f"{x:.{digits}g}"
+
+
+def cmd_summarize(args) -> int:
+    runs = _expand(args.runs, allow_missing=True)
+    out = Path(args.out)
+    rows = []
+    print(f"# {'run':<28} {'program':<11} {'ranks':>5} {'epochs':>6} {'time/epoch s':>14} "
+          f"{'tok/s':>16} {'val loss':>8}")
+    for run, name in zip(runs, _unique_names(runs)):
+        s = summary.run_summary(run, args.warmup_epochs)
+        d = out / name
+        summary.write_json(d / "metrics.json", s)
+        plots.step_breakdown_plot(run, d / "step_breakdown.png", args.warmup_epochs)
+        plots.loss_plot([run], d / "loss.png")
+        if "pipeline_bubble" in s:
+            timeline.write_timeline(run, d)
+        p = s["performance"]
+        print(f"  {name:<28} {run.program:<11} {run.world_size:>5} {len(p['epochs_used']):>6} "
+              f"{_fmt(p['time_mean']):>7}±{_fmt(p['time_std'], 2):<6} "
+              f"{_fmt(p['tok_mean'], 6):>9}±{_fmt(p['tok_std'], 2):<6} "
+              f"{_fmt(s['losses']['final_val_loss']):>8}")
+        rows.append({"name": name, **s})
+    summary.write_json(out / "summary.json", {"runs": rows})
+    plots.loss_plot(runs, out / "loss_curves.png")
+    print(f"wrote {out}/summary.json and per-run metrics.json + plots under {out}/")
+    return 0
+
+
+def _thresholds(args) -> Dict[str, float]:
+    return {"dp_time": args.dp_time_threshold, "dp_throughput": args.dp_throughput_threshold,
+            "pp_time": args.pp_time_threshold, "pp_throughput": args.pp_throughput_threshold}
+
+
+def cmd_hw5(args) -> int:
+    given = {"dp_single": args.dp_single, "dp_multi": args.dp_multi,
+             "pp_model": args.pp_model_parallel, "pp_pipeline": args.pp_pipeline}
+    if not any(given.values()):
+        raise RunError("hw5: pass at least --dp-single and --dp-multi, or --pp-model-parallel and "
+                       "--pp-pipeline")
+    runs = {k: read_run(v) if v else None for k, v in given.items()}
+    s = summary.hw5_summary(runs["dp_single"], runs["dp_multi"], runs["pp_model"],
+                            runs["pp_pipeline"], args.warmup_epochs)
+    out = Path(args.out)
+    summary.write_json(out / "performance_summary.json", s)
+    details = {k: summary.run_summary(r, args.warmup_epochs) for k, r in runs.items() if r}
+    summary.write_json(out / "hw5_details.json", details)
+    plots.hw5_plots(s, out, {"dp_multi": runs["dp_multi"], "pp_pipeline": runs["pp_pipeline"]})
+    print(f"# HW5 summary (warm-up epochs dropped: {s['config']['warmup_epochs_dropped']})")
+    print(f"# {'section':<18} {'run':<18} {'time/epoch s':>18} {'tok/s':>22}")
+    for sec, keys in (("data_parallel", ("single_gpu", "two_gpu")),
+                      ("pipeline_parallel", ("model_parallel", "pipeline_parallel"))):
+        v = s[sec]
+        if v is None:
+            continue
+        for k in keys:
+            print(f"  {sec:<18} {k:<18} {_fmt(v[k]['time_mean']):>10} ± {_fmt(v[k]['time_std'], 2):<5} "
+                  f"{_fmt(v[k]['tok_mean'], 6):>12} ± {_fmt(v[k]['tok_std'], 2):<7}")
+        print(f"  {sec:<18} speedup: time {_fmt(v['speedup_time_reduction_x'], 3)}x, "
+              f"throughput {_fmt(v['speedup_throughput_x'], 3)}x")
+    print(f"wrote {out}/performance_summary.json and the HW5 plots")
+    if args.grade:
+        failures = summary.grade(s, _thresholds(args))
+        if failures:
+            print("GRADE: below threshold:")
+            for f in failures:
+                print(f"  - {f}")
+            return EXIT_BELOW_THRESHOLD
+        print("GRADE: pass (every speedup at or above its threshold)")
+    return 0
+
+
+def cmd_timeline(args) -> int:
+    run = read_run(args.run)
+    made = timeline.write_timeline(run, args.out, args.step)
+    print("wrote " + ", ".join(str(p) for p in made))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    runs = _expand(args.runs, allow_missing=False)
+    out = Path(args.out)
+    world_pts, m_pts = [], []
+    for run in runs:
+        p = metrics.run_performance(run, args.warmup_epochs)
+        pt = {"run": str(run.path), "program": run.program, "world_size": run.world_size,
+              "tok_mean": p["tok_mean"], "tok_std": p["tok_std"], "time_mean": p["time_mean"],
+              "time_std": p["time_std"]}
+        if run.is_pipeline:
+            c = run.config
+            pt.update(mode=c.get("mode", "pipeline"), schedule=c.get("schedule", "?"),
+                      microbatches=int(c.get("microbatches", 1)))
+            b = metrics.bubble(run)
+            if b:
+                pt["bubble_measured"], pt["bubble_ideal"] = b["measured"], b["ideal"]
+            m_pts.append(pt)
+        else:
+            world_pts.append(pt)
+    summary.write_json(out / "sweep.json", {"world_size": world_pts, "microbatches": m_pts})
+    made = []
+    if world_pts:
+        made.append(plots.world_size_plot(world_pts, out / "throughput_vs_world_size.png"))
+    if [p for p in m_pts if p["mode"] != "model_parallel"]:
+        made.append(plots.microbatch_plot(m_pts, out / "throughput_vs_microbatches.png"))
+    print(f"wrote {out}/sweep.json" + "".join(f", {p}" for p in made))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python3 -m analysis", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    warm = dict(type=int, default=None, metavar="N",
+                help="warm-up epochs to drop (default: each run's config.warmup_epochs)")
+
+    s = sub.add_parser("summarize", help="per-run metrics JSON and plots for each run directory")
+    s.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="trainer --out directories, or directories holding them (missing ones are skipped)")
+    s.add_argument("--out", required=True, help="output directory")
+    s.add_argument("--warmup-epochs", **warm)
+    s.set_defaults(fn=cmd_summarize)
+
+    h = sub.add_parser("hw5", help="HW5's performance_summary.json and its four plots")
+    h.add_argument("--dp-single", help="dp_train/gpt2_train run on 1 rank (HW5: batch 64)")
+    h.add_argument("--dp-multi", help="dp_train run on 2 ranks (HW5: global batch 128)")
+    h.add_argument("--pp-model-parallel", help="pp_train --mode model_parallel run")
+    h.add_argument("--pp-pipeline", help="pp_train --mode pipeline run")
+    h.add_argument("--out", required=True, help="output directory")
+    h.add_argument("--warmup-epochs", **warm)
+    h.add_argument("--grade", action="store_true",
+                   help=f"exit {EXIT_BELOW_THRESHOLD} when a speedup is below its threshold")
+    for flag, key in (("--dp-time-threshold", "dp_time"), ("--dp-throughput-threshold", "dp_throughput"),
+                      ("--pp-time-threshold", "pp_time"), ("--pp-throughput-threshold", "pp_throughput")):
+        d = summary.DEFAULT_THRESHOLDS[key]
+        h.add_argument(flag, type=float, default=d, metavar="X",
+                       help=f"minimum speedup, x (default: {d}, HW5)")
+    h.set_defaults(fn=cmd_hw5)
+
+    t = sub.add_parser("timeline", help="pipeline Gantt chart (PNG) and Chrome trace (JSON)")
+    t.add_argument("run", metavar="RUN_DIR", help="a pp_train --out directory")
+    t.add_argument("--out", required=True, help="output directory")
+    t.add_argument("--step", type=int, default=None,
+                   help="optimizer step drawn in the Gantt chart (default: first after warm-up)")
+    t.set_defaults(fn=cmd_timeline)
+
+    w = sub.add_parser("sweep", help="throughput vs world size (dp) and vs micro-batches M (pp)")
+    w.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or their parents")
+    w.add_argument("--out", required=True, help="output directory")
+    w.add_argument("--warmup-epochs", **warm)
+    w.set_defaults(fn=cmd_sweep)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except RunError as e:
+        print(f"analysis: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

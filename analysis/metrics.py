@@ -1,0 +1,163 @@
+"""HW5's metrics, computed from the per-rank tables of one run.
+
+Per epoch: training time = mean over ranks of /epochs/train_time; throughput = sum over data-parallel
+replicas of /epochs/tokens_per_sec (padded tokens, as HW5 counts). Every rank of dp_train and
+gpt2_train is its own replica (it trains on its own shard), so HW5's sum over ranks applies. All
+stages of a pp_train run work on the same batch: they form one replica, whose throughput is the mean
+over its stages (stages that record no tokens are left out). Warm-up epochs (the run's
+config.warmup_epochs unless overridden) are dropped, then mean and population standard deviation
+(numpy std, ddof=0) are taken over the remaining epochs."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from analysis.reader import Run, warn
+
+PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer")
+OP_NAMES = {0: "forward", 1: "backward", 2: "send activation", 3: "recv activation",
+            4: "send grad", 5: "recv grad", 6: "optimizer"}
+COMPUTE_OPS = (0, 1)
+
+
+def warmup_of(run: Run, override: Optional[int] = None) -> int:
+    if override is not None:
+        return int(override)
+    return int(run.config.get("warmup_epochs", 0) or 0)
+
+
+def epoch_table(run: Run) -> Dict[str, np.ndarray]:
+    """Per epoch present on every rank: epoch, time (mean over ranks), tok (HW5 throughput),
+    and the per-rank columns time_r / tok_r as [epochs x ranks] arrays."""
+    per_rank = [r.table("epochs") for r in run.ranks]
+    common = None
+    for t in per_rank:
+        e = set(t.get("epoch", np.array([])).astype(int).tolist())
+        common = e if common is None else common & e
+    epochs = np.array(sorted(common or []), dtype=int)
+    time_r = np.zeros((len(epochs), len(per_rank)))
+    tok_r = np.zeros_like(time_r)
+    tokens_r = np.zeros_like(time_r)
+    for j, t in enumerate(per_rank):
+        idx = {int(e): i for i, e in enumerate(t["epoch"])} if "epoch" in t else {}
+        for i, e in enumerate(epochs):
+            time_r[i, j] = t["train_time"][idx[e]]
+            tok_r[i, j] = t["tokens_per_sec"][idx[e]]
+            tokens_r[i, j] = t["padded_tokens"][idx[e]]
+    time = time_r.mean(axis=1) if len(per_rank) else np.zeros(0)
+    if run.is_pipeline:
+        counted = tokens_r > 0
+        n = np.maximum(counted.sum(axis=1), 1)
+        tok = np.where(counted, tok_r, 0).sum(axis=1) / n
+    else:
+        tok = tok_r.sum(axis=1)
+    return {"epoch": epochs, "time": time, "tok": tok, "time_r": time_r, "tok_r": tok_r}
+
+
+def stats(values: np.ndarray) -> Dict[str, float]:
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return {"mean": float("nan"), "std": float("nan")}
+    return {"mean": float(np.mean(values)), "std": float(np.std(values))}
+
+
+def run_performance(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
+    """HW5's {time_mean, time_std, tok_mean, tok_std} of one run, plus what they came from."""
+    t = epoch_table(run)
+    drop = warmup_of(run, warmup)
+    keep = t["epoch"] >= (t["epoch"].min() + drop if t["epoch"].size else 0)
+    dropped = drop
+    if t["epoch"].size and not keep.any():
+        warn(f"{run.path}: all {t['epoch'].size} epoch(s) are warm-up (warmup_epochs {drop}); "
+             "using them all: run more epochs or pass --warmup-epochs 0")
+        keep[:] = True
+        dropped = 0
+    if t["epoch"].size == 0:
+        warn(f"{run.path}: no epoch finished on every rank; its metrics are NaN")
+    ts, ks = stats(t["time"][keep]), stats(t["tok"][keep])
+    return {
+        "time_mean": ts["mean"], "time_std": ts["std"], "tok_mean": ks["mean"], "tok_std": ks["std"],
+        "epochs_used": t["epoch"][keep].tolist(), "warmup_epochs_dropped": dropped,
+        "time_per_epoch": t["time"].tolist(), "tok_per_epoch": t["tok"].tolist(),
+    }
+
+
+def hw5_stats(perf: Dict[str, object]) -> Dict[str, float]:
+    return {k: perf[k] for k in ("time_mean", "time_std", "tok_mean", "tok_std")}
+
+
+def speedups(baseline: Dict[str, float], new: Dict[str, float]) -> Dict[str, float]:
+    """HW5: time reduction = baseline time / new time; throughput = new tok / baseline tok."""
+    def ratio(a, b):
+        return float(a / b) if b and np.isfinite(a) and np.isfinite(b) else float("nan")
+    return {"speedup_time_reduction_x": ratio(baseline["time_mean"], new["time_mean"]),
+            "speedup_throughput_x": ratio(new["tok_mean"], baseline["tok_mean"])}
+
+
+def step_breakdown(run: Run, warmup: Optional[int] = None) -> List[Dict[str, float]]:
+    """Per rank: mean seconds per step of each phase (after warm-up epochs) and `other`, the rest
+    of the step's wall time."""
+    drop = warmup_of(run, warmup)
+    out = []
+    for r in run.ranks:
+        s = r.table("steps")
+        if not s or len(s["step"]) == 0:
+            out.append({"rank": r.rank, "steps": 0, **{p: 0.0 for p in PHASES}, "other": 0.0, "total": 0.0})
+            continue
+        keep = s["epoch"] >= s["epoch"].min() + drop
+        if not keep.any():
+            keep = np.ones_like(keep)
+        total = (s["end"] - s["start"])[keep]
+        row = {"rank": r.rank, "steps": int(keep.sum())}
+        for p in PHASES:
+            row[p] = float(np.mean(s[p][keep]))
+        row["total"] = float(np.mean(total))
+        row["other"] = max(0.0, row["total"] - sum(row[p] for p in PHASES))
+        out.append(row)
+    return out
+
+
+def actions(run: Run) -> Dict[str, np.ndarray]:
+    """All ranks' /actions rows concatenated (empty columns when the run recorded none)."""
+    cols = ("step", "stage", "op", "microbatch", "start", "end", "bytes_sent", "bytes_recv")
+    parts = [r.table("actions") for r in run.ranks if r.rows("actions")]
+    if not parts:
+        return {c: np.zeros(0) for c in cols}
+    return {c: np.concatenate([p[c] for p in parts]) for c in cols}
+
+
+def bubble(run: Run) -> Optional[Dict[str, float]]:
+    """Measured pipeline idle fraction: per step, 1 - (compute time summed over stages) /
+    (stages x step span), averaged over steps after the first; and the ideal (n-1)/(M+n-1)."""
+    a = actions(run)
+    if a["step"].size == 0:
+        return None
+    n = int(a["stage"].max()) + 1
+    m = int(a["microbatch"].max()) + 1
+    fractions = []
+    for step in np.unique(a["step"]):
+        sel = a["step"] == step
+        span = a["end"][sel].max() - a["start"][sel].min()
+        comp = sel & np.isin(a["op"], COMPUTE_OPS)
+        busy = (a["end"][comp] - a["start"][comp]).sum()
+        if span > 0:
+            fractions.append(1.0 - busy / (n * span))
+    measured = fractions[1:] if len(fractions) > 1 else fractions
+    return {"stages": n, "microbatches": m, "measured": float(np.mean(measured)),
+            "ideal": (n - 1) / (m + n - 1), "steps": len(fractions)}
+
+
+def loss_rank(run: Run):
+    """The rank whose /steps loss is the model's: the last stage of a pipeline, else rank 0."""
+    return run.ranks[-1] if run.is_pipeline else run.ranks[0]
+
+
+def losses(run: Run) -> Dict[str, object]:
+    s = loss_rank(run).table("steps")
+    e = loss_rank(run).table("epochs")
+    def last(t, c):
+        return float(t[c][-1]) if t and len(t.get(c, [])) else float("nan")
+    return {"final_train_loss": last(s, "loss"), "final_val_loss": last(e, "val_loss"),
+            "final_val_ppl": last(e, "val_ppl"), "final_bleu": last(e, "bleu")}

@@ -1,0 +1,191 @@
+"""matplotlib (Agg) figures: HW5's four bar charts, step-time breakdown, loss curves, and the
+sweeps (throughput vs world size, vs micro-batches M with the ideal M/(M+n-1) curve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from analysis import metrics  # noqa: E402
+from analysis.reader import Run  # noqa: E402
+
+PHASE_COLORS = {"data": "#9e9e9e", "forward": "#4c72b0", "backward": "#dd8452",
+                "sync_exposed": "#c44e52", "optimizer": "#55a868", "other": "#d9d9d9"}
+PHASE_LABELS = {"data": "data", "forward": "forward", "backward": "backward",
+                "sync_exposed": "exposed sync", "optimizer": "optimizer", "other": "other"}
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _device_word(run: Optional[Run]) -> str:
+    if run is None:
+        return "GPU"
+    dev = str(run.ranks[0].attrs.get("device", ""))
+    return "GPU" if dev.startswith("cuda") else "CPU rank"
+
+
+def _bars(path, title, ylabel, labels, means, stds, note=""):
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    x = np.arange(len(labels))
+    colors = ["#4c72b0", "#dd8452"]
+    bars = ax.bar(x, means, yerr=stds, capsize=8, color=colors[: len(labels)], width=0.55,
+                  error_kw={"elinewidth": 1.5})
+    for b, m, s in zip(bars, means, stds):
+        if np.isfinite(m):
+            ax.annotate(f"{m:,.4g}\n±{s:,.2g}", (b.get_x() + b.get_width() / 2, m + (s or 0)),
+                        xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
+    ax.set_ylim(0, max([m + (s or 0) for m, s in zip(means, stds) if np.isfinite(m)] + [1e-9]) * 1.25)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]]) -> List[Path]:
+    """HW5's ddp_training_time.png, ddp_tokens_per_second.png, pp_training_time.png,
+    pp_tokens_per_second.png (mean ± population std over the epochs after warm-up)."""
+    out_dir = Path(out_dir)
+    made = []
+    drop = summary["config"]["warmup_epochs_dropped"]
+    dp, pp = summary.get("data_parallel"), summary.get("pipeline_parallel")
+    if dp:
+        dev = _device_word(runs.get("dp_multi"))
+        labels = [f"Single {dev}", f"Data Parallel\n({runs['dp_multi'].world_size} {dev}s)"
+                  if runs.get("dp_multi") else "Data Parallel"]
+        a, b = dp["single_gpu"], dp["two_gpu"]
+        made.append(_bars(out_dir / "ddp_training_time.png", "Data parallel: training time per epoch",
+                          "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
+                          [a["time_std"], b["time_std"]],
+                          f"{dp['speedup_time_reduction_x']:.2f}x faster, warm-up epochs dropped: {drop}"))
+        made.append(_bars(out_dir / "ddp_tokens_per_second.png", "Data parallel: throughput",
+                          "tokens per second (all ranks)", labels, [a["tok_mean"], b["tok_mean"]],
+                          [a["tok_std"], b["tok_std"]],
+                          f"{dp['speedup_throughput_x']:.2f}x throughput, warm-up epochs dropped: {drop}"))
+    if pp:
+        m = summary["config"].get("pipeline_n_chunk")
+        labels = ["Model Parallel", f"Pipeline Parallel\n(M = {m})"]
+        a, b = pp["model_parallel"], pp["pipeline_parallel"]
+        made.append(_bars(out_dir / "pp_training_time.png", "Pipeline parallel: training time per epoch",
+                          "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
+                          [a["time_std"], b["time_std"]],
+                          f"{pp['speedup_time_reduction_x']:.2f}x faster, warm-up epochs dropped: {drop}"))
+        made.append(_bars(out_dir / "pp_tokens_per_second.png", "Pipeline parallel: throughput",
+                          "tokens per second", labels, [a["tok_mean"], b["tok_mean"]],
+                          [a["tok_std"], b["tok_std"]],
+                          f"{pp['speedup_throughput_x']:.2f}x throughput, warm-up epochs dropped: {drop}"))
+    return made
+
+
+def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
+    """Stacked bars per rank: mean seconds per step in each phase."""
+    rows = metrics.step_breakdown(run, warmup)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(rows) + 3), 4.2))
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    scale, unit = (1e3, "ms") if max(r["total"] for r in rows) < 1 else (1.0, "s")
+    for p in list(metrics.PHASES) + ["other"]:
+        vals = np.array([r[p] for r in rows]) * scale
+        ax.bar(x, vals, bottom=bottom, color=PHASE_COLORS[p], label=PHASE_LABELS[p], width=0.6)
+        bottom += vals
+    ax.set_xticks(x, [f"rank {r['rank']}" for r in rows])
+    ax.set_ylabel(f"mean time per step ({unit})")
+    ax.set_title(f"Step time breakdown: {run.label()}\n({rows[0]['steps']} steps per rank after warm-up)",
+                 fontsize=11)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def loss_plot(runs: Sequence[Run], path) -> Path:
+    """Train loss per step (the model's rank) and validation loss per epoch, one colour per run."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, run in enumerate(runs):
+        color = f"C{i}"
+        r = metrics.loss_rank(run)
+        s, e = r.table("steps"), r.table("epochs")
+        if s and len(s["step"]):
+            ax.plot(s["step"], s["loss"], color=color, lw=1.2, alpha=0.8, label=f"{run.name} ({run.label()}): train")
+            if e and len(e["epoch"]):
+                # validation runs after the last step of each epoch
+                ends = [s["step"][s["epoch"] == ep].max() + 1 for ep in e["epoch"] if (s["epoch"] == ep).any()]
+                ax.plot(ends, e["val_loss"][: len(ends)], "o--", color=color, ms=6,
+                        label=f"{run.name}: validation")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy loss (nats/token)")
+    ax.set_title("Loss curves (train per step, validation per epoch)", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def world_size_plot(points: List[Dict], path) -> Path:
+    """Throughput vs world size, with the linear-scaling line from the smallest world."""
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    by_prog: Dict[str, List[Dict]] = {}
+    for p in points:
+        by_prog.setdefault(p["program"], []).append(p)
+    for i, (prog, pts) in enumerate(sorted(by_prog.items())):
+        pts = sorted(pts, key=lambda p: p["world_size"])
+        w = np.array([p["world_size"] for p in pts])
+        t = np.array([p["tok_mean"] for p in pts])
+        ax.errorbar(w, t, yerr=[p["tok_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
+                    label=f"{prog} measured")
+        if prog != "pp_train":
+            ax.plot(w, t[0] * w / w[0], ":", color=f"C{i}", label=f"{prog} linear scaling")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("tokens per second (all ranks)")
+    ax.set_xticks(sorted({p["world_size"] for p in points}))
+    ax.set_title("Throughput vs world size (mean ± std over epochs)", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    return _save(fig, path)
+
+
+def microbatch_plot(points: List[Dict], path) -> Path:
+    """Pipeline throughput vs micro-batches M per schedule, with the ideal M/(M+n-1) curve scaled
+    so that its asymptote is the no-bubble throughput (stages x model-parallel throughput when a
+    model_parallel run is given, else fitted to the best measured point)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    pipe = [p for p in points if p.get("mode") != "model_parallel"]
+    mp = [p for p in points if p.get("mode") == "model_parallel"]
+    n = max([p["world_size"] for p in points] + [1])
+    for i, sched in enumerate(sorted({p["schedule"] for p in pipe})):
+        pts = sorted([p for p in pipe if p["schedule"] == sched], key=lambda p: p["microbatches"])
+        ax.errorbar([p["microbatches"] for p in pts], [p["tok_mean"] for p in pts],
+                    yerr=[p["tok_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
+                    label=f"{sched} measured")
+    ms = sorted({p["microbatches"] for p in points} | {1})
+    grid = np.linspace(1, max(ms), 200)
+    if mp:
+        peak = n * mp[0]["tok_mean"]
+        ax.axhline(mp[0]["tok_mean"], color="gray", ls="--", lw=1, label="model parallel (M = 1)")
+        how = "n x model-parallel"
+    else:
+        peak = max(p["tok_mean"] / (p["microbatches"] / (p["microbatches"] + n - 1)) for p in pipe)
+        how = "fitted"
+    ax.plot(grid, peak * grid / (grid + n - 1), "k:", label=f"ideal M/(M+n-1), n={n} ({how} peak)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("micro-batches per step M (n_chunk)")
+    ax.set_ylabel("tokens per second")
+    ax.set_xticks(ms)
+    ax.set_title("Pipeline throughput vs micro-batches", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,169 @@
+"""Reads one run directory: every rank's HDF5 timing file (rank<r>.h5, or rank<r>.h5.partial
+after a crash, with a warning). The layout is documented in include/gpt2p/io/run_record.h:
+tables /steps, /epochs, /actions of equal-length float64 columns, and root attributes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import h5py
+import numpy as np
+
+TABLES = ("steps", "epochs", "actions")
+RANK_FILE = re.compile(r"^rank(\d+)\.h5(\.partial)?$")
+
+
+class RunError(Exception):
+    """A run directory or timing file that cannot be analysed; the message says what to do."""
+
+
+def warn(message: str) -> None:
+    print(f"analysis: warning: {message}", file=sys.stderr)
+
+
+@dataclasses.dataclass
+class RankFile:
+    path: Path
+    rank: int
+    partial: bool
+    attrs: Dict[str, object]
+    config: Dict[str, object]
+    tables: Dict[str, Dict[str, np.ndarray]]
+
+    def table(self, name: str) -> Dict[str, np.ndarray]:
+        return self.tables.get(name, {})
+
+    def rows(self, name: str) -> int:
+        t = self.table(name)
+        return len(next(iter(t.values()))) if t else 0
+
+
+@dataclasses.dataclass
+class Run:
+    path: Path
+    ranks: List[RankFile]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def program(self) -> str:
+        return str(self.ranks[0].attrs.get("program", "?"))
+
+    @property
+    def config(self) -> Dict[str, object]:
+        return self.ranks[0].config
+
+    @property
+    def world_size(self) -> int:
+        return int(self.ranks[0].attrs.get("world_size", len(self.ranks)))
+
+    @property
+    def is_pipeline(self) -> bool:
+        return self.program == "pp_train"
+
+    @property
+    def partial(self) -> bool:
+        return any(r.partial for r in self.ranks)
+
+    def label(self) -> str:
+        c = self.config
+        if self.is_pipeline:
+            mode = c.get("mode", "pipeline")
+            if mode == "model_parallel":
+                return f"{self.program} model_parallel n={self.world_size}"
+            return f"{self.program} {c.get('schedule', '?')} M={c.get('microbatches', '?')} n={self.world_size}"
+        return f"{self.program} n={self.world_size}"
+
+
+def _decode(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def read_rank_file(path: Path) -> RankFile:
+    path = Path(path)
+    m = RANK_FILE.match(path.name)
+    if not m:
+        raise RunError(f"{path}: not a timing file name (expected rank<r>.h5 or rank<r>.h5.partial)")
+    partial = m.group(2) is not None
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise RunError(f"{path}: cannot open as HDF5 ({e}); a crash before the first flush leaves an "
+                       "unreadable .partial file: delete it or rerun the training") from e
+    with f:
+        attrs = {k: _decode(v) for k, v in f.attrs.items()}
+        try:
+            config = json.loads(attrs.get("config", "{}") or "{}")
+        except json.JSONDecodeError as e:
+            raise RunError(f"{path}: root attribute 'config' is not JSON ({e})") from e
+        tables = {}
+        for name in TABLES:
+            if name not in f:
+                continue
+            cols = {c: np.asarray(f[name][c][...], dtype=np.float64) for c in f[name]}
+            # A crash between two columns' appends leaves unequal lengths: keep complete rows.
+            n = min((len(v) for v in cols.values()), default=0)
+            tables[name] = {c: v[:n] for c, v in cols.items()}
+    rank = int(attrs.get("rank", int(m.group(1))))
+    if rank != int(m.group(1)):
+        raise RunError(f"{path}: file name says rank {m.group(1)} but attribute rank is {rank}; "
+                       "files from different runs were mixed in one directory")
+    return RankFile(path, rank, partial, attrs, config, tables)
+
+
+def read_run(directory) -> Run:
+    """Every rank file of one run directory, ordered by rank. Prefers rank<r>.h5 over a stale
+    rank<r>.h5.partial; a .partial without its final file is read with a warning."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise RunError(f"{directory}: no such run directory (pass the --out directory of a trainer)")
+    found: Dict[int, Path] = {}
+    for p in sorted(directory.iterdir()):
+        m = RANK_FILE.match(p.name)
+        if not m:
+            continue
+        r = int(m.group(1))
+        if m.group(2) is None or r not in found:
+            found[r] = p
+    if not found:
+        raise RunError(f"{directory}: no rank<r>.h5 files; is this the --out directory of dp_train, "
+                       "pp_train or gpt2_train?")
+    ranks = []
+    for r in sorted(found):
+        rf = read_rank_file(found[r])
+        if rf.partial:
+            warn(f"{rf.path}: unfinished timing file (the run crashed or is still going); "
+                 f"using its {rf.rows('steps')} step and {rf.rows('epochs')} epoch rows")
+        ranks.append(rf)
+    world = int(ranks[0].attrs.get("world_size", len(ranks)))
+    if len(ranks) != world:
+        warn(f"{directory}: {len(ranks)} rank file(s) for world_size {world}; metrics use the ranks present")
+    return Run(directory, ranks)
+
+
+def read_runs(directories) -> List[Run]:
+    return [read_run(d) for d in directories]
+
+
+def find_runs(root) -> List[Path]:
+    """Run directories at or below `root` (directories holding rank<r>.h5 files)."""
+    root = Path(root)
+    dirs = {p.parent for p in root.rglob("rank*.h5*") if RANK_FILE.match(p.name)}
+    return sorted(dirs)
+
+
+def optional_run(directory: Optional[str]) -> Optional[Run]:
+    return read_run(directory) if directory else None

@@ -1,0 +1,130 @@
+"""Pipeline timelines from the /actions table: a Gantt chart of one step (one row per stage, a box
+per forward/backward micro-batch, communication as thin boxes below, bubbles left blank) and the
+whole run as a Chrome/Perfetto trace (chrome://tracing or ui.perfetto.dev).
+
+Times are each rank's own clock (seconds since that rank started the run); ranks start together
+after the set-up barrier, so cross-stage alignment is good to the barrier's skew."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+import numpy as np  # noqa: E402
+
+from analysis import metrics  # noqa: E402
+from analysis.reader import Run, RunError  # noqa: E402
+from analysis.summary import write_json  # noqa: E402
+
+OP_COLORS = {0: "#4c72b0", 1: "#dd8452", 2: "#8172b3", 3: "#937860", 4: "#da8bc3", 5: "#8c8c8c",
+             6: "#55a868"}
+OP_SHORT = {0: "F", 1: "B", 2: "send act", 3: "recv act", 4: "send grad", 5: "recv grad", 6: "opt"}
+
+
+def _require_actions(run: Run) -> Dict[str, np.ndarray]:
+    a = metrics.actions(run)
+    if a["step"].size == 0:
+        raise RunError(f"{run.path}: no /actions rows; timelines need a pp_train run "
+                       "(dp_train and gpt2_train do not record schedule actions)")
+    return a
+
+
+def pick_step(run: Run, step: Optional[int] = None) -> int:
+    """The requested step, else the first step after the warm-up epochs (else the last step)."""
+    a = _require_actions(run)
+    steps = np.unique(a["step"]).astype(int)
+    if step is not None:
+        if step not in steps:
+            raise RunError(f"{run.path}: step {step} has no actions; recorded steps are "
+                           f"{steps.min()}..{steps.max()}")
+        return step
+    s = metrics.loss_rank(run).table("steps")
+    drop = metrics.warmup_of(run)
+    if s and len(s["step"]):
+        after = s["step"][s["epoch"] >= s["epoch"].min() + drop]
+        for cand in after.astype(int):
+            if cand in steps:
+                return int(cand)
+    return int(steps[-1])
+
+
+def gantt(run: Run, path, step: Optional[int] = None) -> Path:
+    a = _require_actions(run)
+    step = pick_step(run, step)
+    sel = a["step"] == step
+    t0 = a["start"][sel].min()
+    n = int(a["stage"].max()) + 1
+    span_ms = (a["end"][sel].max() - t0) * 1e3
+    fig, ax = plt.subplots(figsize=(11, 0.9 * n + 1.8))
+    for i in np.flatnonzero(sel):
+        stage, op, mb = int(a["stage"][i]), int(a["op"][i]), int(a["microbatch"][i])
+        x0 = (a["start"][i] - t0) * 1e3
+        w = (a["end"][i] - a["start"][i]) * 1e3
+        compute = op in (0, 1, 6)
+        y = n - 1 - stage
+        h, yb = (0.6, y - 0.22) if compute else (0.18, y - 0.45)
+        ax.broken_barh([(x0, w)], (yb, h), facecolors=OP_COLORS.get(op, "black"),
+                       edgecolors="white", linewidth=0.6)
+        if op in (0, 1) and w > span_ms * 0.012:
+            ax.text(x0 + w / 2, yb + h / 2, str(mb), ha="center", va="center", color="white",
+                    fontsize=8, fontweight="bold")
+    ax.set_yticks(range(n), [f"stage {n - 1 - k}" for k in range(n)])
+    ax.set_ylim(-0.6, n - 0.3)
+    ax.set_xlim(0, span_ms * 1.01)
+    ax.set_xlabel(f"time since the step started (ms); step {step}")
+    b = metrics.bubble(run)
+    bub = f", idle {b['measured']:.0%} (ideal bubble {b['ideal']:.0%})" if b else ""
+    ax.set_title(f"Pipeline timeline: {run.label()}{bub}\nboxes: micro-batch number; "
+                 "thin boxes below: communication; gaps: bubbles", fontsize=10)
+    ops = sorted({int(o) for o in a["op"][sel]})
+    ax.legend(handles=[Patch(color=OP_COLORS[o], label=metrics.OP_NAMES[o]) for o in ops],
+              loc="upper center", bbox_to_anchor=(0.5, -0.28 if n < 3 else -0.18), ncol=len(ops),
+              fontsize=8, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
+    """traceEvents: complete events (ph "X") with pid = stage, tid 0 compute / 1 communication,
+    ts and dur in microseconds; metadata events name the processes and threads."""
+    a = _require_actions(run)
+    events: List[Dict] = []
+    n = int(a["stage"].max()) + 1
+    for stage in range(n):
+        events.append({"ph": "M", "name": "process_name", "pid": stage, "tid": 0,
+                       "args": {"name": f"stage {stage}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": stage, "tid": 0,
+                       "args": {"sort_index": stage}})
+        for tid, name in ((0, "compute"), (1, "communication")):
+            events.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": tid,
+                           "args": {"name": name}})
+    for i in np.argsort(a["start"], kind="stable"):
+        op = int(a["op"][i])
+        events.append({
+            "name": f"{OP_SHORT.get(op, op)} {int(a['microbatch'][i])}" if op != 6 else "optimizer",
+            "cat": metrics.OP_NAMES.get(op, str(op)), "ph": "X",
+            "pid": int(a["stage"][i]), "tid": 0 if op in (0, 1, 6) else 1,
+            "ts": float(a["start"][i] * 1e6), "dur": float(max(0.0, a["end"][i] - a["start"][i]) * 1e6),
+            "args": {"step": int(a["step"][i]), "microbatch": int(a["microbatch"][i]),
+                     "bytes_sent": int(a["bytes_sent"][i]), "bytes_recv": int(a["bytes_recv"][i])}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"run": str(run.path), "label": run.label()}}
+
+
+def write_timeline(run: Run, out_dir, step: Optional[int] = None) -> List[Path]:
+    out_dir = Path(out_dir)
+    png = gantt(run, out_dir / "pipeline_timeline.png", step)
+    trace = write_json(out_dir / "pipeline_trace.json", chrome_trace(run))
+    return [png, trace]
