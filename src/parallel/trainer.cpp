@@ -11,38 +11,11 @@
 #include "gpt2p/parallel/evaluator.h"
 #include "gpt2p/parallel/grad_sync.h"
 #include "gpt2p/parallel/run_context.h"
+#include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
 
 namespace gpt2p::parallel {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct DeviceBatch {
-  torch::Tensor inputs, labels, mask;
-};
-
-DeviceBatch to_device(const data::Batch& b, const torch::Device& device) {
-  const std::vector<int64_t> shape{b.batch_size, b.seq_len};
-  auto copy = [&](const void* ptr, torch::ScalarType t) {
-    auto host = torch::from_blob(const_cast<void*>(ptr), shape, t);
-    if (device.is_cuda()) return host.pin_memory().to(device, /*non_blocking=*/true);
-    return host.clone();
-  };
-  return {copy(b.inputs.data(), torch::kInt64), copy(b.labels.data(), torch::kInt64),
-          copy(b.mask.data(), torch::kFloat32)};
-}
-
-std::string format_eta(double seconds) {
-  const auto s = static_cast<long long>(seconds);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%lldh%02lldm%02llds", s / 3600, s / 60 % 60, s % 60);
-  return buf;
-}
 
 // Everything one optimizer step needs, so the loop below reads as the algorithm.
 struct Step {
@@ -185,12 +158,8 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       if (rank == 0 && (step % cfg.log_every == 0 || b + 1 == per_epoch)) {
         const double step_time = rec.end - rec.start;
         const double remaining = static_cast<double>((cfg.epochs - epoch - 1) * per_epoch + (per_epoch - b - 1));
-        std::printf("epoch %lld/%d step %lld/%lld loss %.4f tok/s %.0f (all ranks) eta %s\n",
-                    static_cast<long long>(epoch + 1), cfg.epochs, static_cast<long long>(b + 1),
-                    static_cast<long long>(per_epoch), rec.loss,
-                    static_cast<double>(rec.padded_tokens) * world / step_time,
-                    format_eta(remaining * step_time).c_str());
-        std::fflush(stdout);
+        print_progress(epoch, cfg.epochs, b, per_epoch, rec.loss,
+                       static_cast<double>(rec.padded_tokens) * world / step_time, remaining * step_time);
       }
       if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
       if (cfg.max_steps > 0 && step >= cfg.max_steps) {
@@ -200,10 +169,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     }
     data.set_position({epoch + 1, 0});
     // HW5's per-rank line, then evaluation (not part of the training time).
-    std::printf("Epoch %lld on Rank %d: Training Time = %.4f, Tokens_per_sec = %.1f\n",
-                static_cast<long long>(epoch), rank, epoch_time,
-                static_cast<double>(epoch_tokens) / epoch_time);
-    std::fflush(stdout);
+    print_epoch_time(epoch, rank, epoch_time, epoch_tokens);
     model->eval();
     const auto val = validation_loss(logits_fn, data.dataset().split("validation"),
                                      cfg.max_eval_pairs, micro, cfg.seq_len, data.special(), vocab,

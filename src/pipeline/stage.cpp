@@ -1,1 +1,113 @@
-// placeholder
+#include "gpt2p/pipeline/stage.h"
+
+#include <cmath>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/parallel/run_context.h"
+
+namespace gpt2p::pipeline {
+
+GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16)
+    : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16) {
+  GPT2P_CHECK(n_microbatches_ >= 1, "a stage needs at least one micro-batch, got " << n_microbatches_,
+              "pass --microbatches >= 1");
+}
+
+void GptStage::set_batch(StageBatch batch) {
+  const int64_t rows = batch.inputs.size(0);
+  GPT2P_CHECK(rows % n_microbatches_ == 0,
+              "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
+              "pick --microbatches dividing --batch-size");
+  micro_rows_ = rows / n_microbatches_;
+  batch_ = std::move(batch);
+}
+
+double GptStage::take_loss() {
+  if (!loss_sum_.defined()) return 0.0;
+  const double v = loss_sum_.item<double>();
+  loss_sum_ = torch::Tensor();
+  return v;
+}
+
+torch::Tensor GptStage::rows(const torch::Tensor& t, int mb) const {
+  GPT2P_CHECK(t.defined() && mb >= 0 && mb < n_microbatches_,
+              "micro-batch " << mb << " requested but the stage has " << n_microbatches_
+                             << " micro-batches" << (t.defined() ? "" : " and no batch"),
+              "call set_batch() before running a step and keep the schedule's M equal to the stage's");
+  return t.narrow(0, mb * micro_rows_, micro_rows_);
+}
+
+torch::Tensor GptStage::input(int mb) { return rows(batch_.inputs, mb); }
+
+torch::Tensor GptStage::empty_activation(int mb) {
+  const auto ids = rows(batch_.inputs, mb);
+  return torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
+                      torch::TensorOptions().dtype(torch::kFloat32).device(ids.device()));
+}
+
+torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
+  const torch::Device device = input.device();
+  compat::AutocastGuard autocast(device, bf16_);
+  auto out = model_->forward(input);
+  if (!is_last()) return out.to(torch::kFloat32);  // activations travel in fp32
+  auto loss = parallel::scaled_loss(out, rows(batch_.labels, mb), rows(batch_.mask, mb),
+                                    model_->config().vocab_size, batch_.global_target_tokens,
+                                    /*world=*/1);
+  loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
+  return loss;
+}
+
+void GptStage::backward(int /*mb*/, const torch::Tensor& output, const torch::Tensor& grad) {
+  if (!grad.defined()) {
+    output.backward();
+  } else {
+    torch::autograd::backward({output}, {grad});
+  }
+}
+
+void sync_tied_gradient(model::GPT2Impl& model, comm::Communicator& comm) {
+  const int n = comm.size();
+  if (n == 1 || (!model.has_embedding() && !model.has_head())) return;
+  GPT2P_CHECK(!model.is_full(), "rank " << comm.rank() << " holds the whole model but the pipeline has "
+                                        << n << " stages", "build one stage per rank");
+  auto w = model.tied_parameter();
+  GPT2P_CHECK(w.defined() && w.grad().defined(),
+              "stage on rank " << comm.rank() << " has no gradient for the tied wte weight",
+              "run the step's backward before sync_tied_gradient()");
+  const int peer = model.has_embedding() ? n - 1 : 0;
+  auto mine = w.grad().clone();
+  auto other = torch::empty_like(mine);
+  // Lower rank sends first: the same order on both sides also works with NCCL's ordered p2p.
+  if (comm.rank() < peer) {
+    comm.send(mine, peer);
+    comm.recv(other, peer);
+  } else {
+    comm.recv(other, peer);
+    comm.send(mine, peer);
+  }
+  w.mutable_grad().add_(other);  // a + b == b + a bit for bit: both copies stay identical
+}
+
+double clip_grad_norm_pipeline(model::GPT2Impl& model, comm::Communicator* comm, double max_norm) {
+  const auto tied = model.tied_parameter();
+  const bool skip_tied = !model.has_embedding();  // the head's copy: counted on the first stage
+  auto options = torch::TensorOptions().dtype(torch::kFloat64);
+  torch::Tensor sq = torch::zeros({1}, options.device(comm != nullptr ? comm->device() : torch::kCPU));
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model.parameters()) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    if (skip_tied && tied.defined() && p.is_same(tied)) continue;
+    sq += p.grad().to(torch::kFloat64).pow(2).sum().to(sq.device());
+  }
+  if (comm != nullptr && comm->size() > 1) comm->all_reduce(sq, comm::ReduceOp::kSum);
+  const double norm = std::sqrt(sq.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace gpt2p::pipeline

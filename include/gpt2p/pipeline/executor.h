@@ -1,0 +1,91 @@
+// The pipeline executor: one rank, one stage, one action list (schedule.h's make_schedule()[rank]).
+//
+// It interprets the list in order and holds no scheduling logic:
+//   RECV_F / RECV_B  post an asynchronous receive; the F / B that needs it waits for it
+//   F                runs the stage; keeps the input (requires_grad on non-first stages) and output
+//   SEND_F / SEND_B  post an asynchronous send of the output / the input's gradient; the sends are
+//                    waited for at the end of the step (their buffers stay alive until then)
+//   B                loss.backward() on the last stage, backward({output}, {grad}) elsewhere;
+//                    gradients accumulate over the micro-batches
+// Transfers go through a Transport, so tests can run a stage with a recording fake and no MPI.
+// On NCCL, sends and receives are queued on the communicator's stream in the list's order; waits
+// order torch's stream after them without blocking the host.
+//
+// Timing: every action gets a start and end mark on a compat::DeviceClock (CUDA events on GPUs,
+// host clock on CPUs) read once at the end of the step.
+#pragma once
+
+#include <torch/types.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "gpt2p/comm/communicator.h"
+#include "gpt2p/core/compat.h"
+#include "gpt2p/io/run_record.h"
+#include "gpt2p/pipeline/schedule.h"
+#include "gpt2p/pipeline/stage.h"
+
+namespace gpt2p::pipeline {
+
+// Point-to-point transfers of one rank; both calls return at once with a Work to wait on.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual comm::WorkPtr send(const torch::Tensor& tensor, int peer) = 0;
+  virtual comm::WorkPtr recv(torch::Tensor& tensor, int peer) = 0;
+};
+
+// send_async / recv_async of a Communicator (tag 0: messages match in call order per pair).
+class CommTransport : public Transport {
+ public:
+  explicit CommTransport(comm::Communicator& comm) : comm_(comm) {}
+  comm::WorkPtr send(const torch::Tensor& tensor, int peer) override;
+  comm::WorkPtr recv(torch::Tensor& tensor, int peer) override;
+
+ private:
+  comm::Communicator& comm_;
+};
+
+struct StepTimes {
+  double forward = 0, backward = 0;  // seconds of stage compute
+  double comm_wait = 0;              // seconds spent waiting for receives and sends
+  int max_live_activations = 0;      // most micro-batches whose activations were kept at once
+  std::vector<io::ActionRecord> actions;
+};
+
+class Executor {
+ public:
+  // `actions` must be this stage's list (every action's stage equal to `rank`).
+  Executor(Stage& stage, Transport& transport, RankActions actions, int rank,
+           const torch::Device& device);
+
+  // Runs the list once. Action records get `step` and times in seconds since the run started,
+  // given that the step started `step_start` seconds after it (host clock).
+  StepTimes run_step(long long step, double step_start);
+
+  const RankActions& actions() const { return actions_; }
+
+ private:
+  struct Pending {
+    torch::Tensor buffer;
+    comm::WorkPtr work;
+    size_t record = 0;  // index of the RECV action's record
+  };
+  struct Stash {
+    torch::Tensor input, output;
+  };
+  int mark();
+  torch::Tensor wait_recv(std::map<int, Pending>& pending, int mb, const char* what,
+                          std::vector<std::pair<int, int>>& waits);
+
+  Stage& stage_;
+  Transport& transport_;
+  RankActions actions_;
+  int rank_;
+  compat::DeviceClock clock_;
+  int next_mark_ = 0;
+};
+
+}  // namespace gpt2p::pipeline

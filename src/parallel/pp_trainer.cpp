@@ -1,0 +1,229 @@
+#include "gpt2p/parallel/pp_trainer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/evaluator.h"
+#include "gpt2p/parallel/run_context.h"
+#include "gpt2p/parallel/train_common.h"
+#include "gpt2p/parallel/train_data.h"
+#include "gpt2p/pipeline/executor.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+// Validation loss through the pipeline, forward only: micro-batches flow stage to stage, the last
+// stage sums the masked CE and broadcasts (sum, count); every rank returns the same value.
+LossResult pipeline_validation_loss(model::GPT2& model, comm::Communicator& comm,
+                                    const data::Split& split, int64_t max_pairs, int64_t batch_size,
+                                    int64_t seq_len, const data::SpecialTokens& special, bool bf16) {
+  torch::NoGradGuard no_grad;
+  const int n = comm.size(), rank = comm.rank();
+  const auto device = comm.device();
+  const int64_t total = max_pairs > 0 ? std::min(max_pairs, split.size()) : split.size();
+  double sum = 0, count = 0;
+  for (int64_t b = 0; b < total; b += batch_size) {
+    std::vector<int64_t> idx;
+    for (int64_t i = b; i < std::min(total, b + batch_size); ++i) idx.push_back(i);
+    const auto dev = to_device(data::make_batch(split, idx, seq_len, special), device);
+    torch::Tensor x = dev.inputs;
+    if (rank > 0) {
+      x = torch::empty({dev.inputs.size(0), seq_len, model->config().n_embd},
+                       torch::TensorOptions().dtype(torch::kFloat32).device(device));
+      comm.recv(x, rank - 1);
+    }
+    torch::Tensor y;
+    {
+      compat::AutocastGuard autocast(device, bf16);
+      y = model->forward(x).to(torch::kFloat32);
+    }
+    if (rank + 1 < n) {
+      comm.send(y, rank + 1);
+    } else {
+      const double tokens = dev.mask.sum().item<double>();
+      if (tokens == 0) continue;
+      sum += model->lm_loss(y, dev.labels, dev.mask).item<double>() * tokens;
+      count += tokens;
+    }
+  }
+  auto totals = torch::tensor({sum, count}, torch::TensorOptions().dtype(torch::kFloat64)).to(device);
+  if (n > 1) comm.broadcast(totals, n - 1);
+  totals = totals.cpu();
+  LossResult r;
+  r.tokens = static_cast<int64_t>(totals[1].item<double>());
+  r.loss = r.tokens > 0 ? totals[0].item<double>() / totals[1].item<double>()
+                        : std::numeric_limits<double>::quiet_NaN();
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+}  // namespace
+
+pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
+                                    int n_stages, int64_t seq_len) {
+  const int blocks = static_cast<int>(config.n_layer);
+  if (partition == "uniform") return pipeline::partition_uniform(blocks, n_stages);
+  GPT2P_CHECK(partition == "balanced", "--partition " << partition << " is not a known split",
+              "pass --partition uniform or --partition balanced");
+  const auto costs = pipeline::layer_costs_flops(blocks, static_cast<int>(config.n_embd),
+                                                 static_cast<int>(config.n_head), static_cast<int>(seq_len),
+                                                 static_cast<int>(config.padded_vocab_size()));
+  return pipeline::partition_balanced(costs, n_stages);
+}
+
+int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
+  auto ctx = make_run_context(cfg_in, cli::Program::kPipeline, topo);
+  const auto& cfg = ctx.cfg;
+  const int n = topo.size, rank = topo.rank;
+  const auto split = stage_partition(cfg.partition, ctx.model_config, n, cfg.seq_len);
+  const auto range = split[static_cast<size_t>(rank)];
+  const int m = cfg.mode == "model_parallel" ? 1 : cfg.microbatches;
+  GPT2P_CHECK(cfg.batch_size % m == 0, "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
+              "pick --microbatches dividing --batch-size");
+  GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
+              "use --microbatches: the pipeline accumulates over its micro-batches");
+  const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
+
+  // Pipeline ranks all see the full global batch (a data "world" of one).
+  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
+                  cfg.batch_size, cfg.seq_len, cfg.seed},
+                 /*rank=*/0, /*world=*/1);
+  torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
+  model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
+  model->reset_parameters(cfg.seed);
+  if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
+  model->to(ctx.device);
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  const std::string ckpt_dir = cfg.out + "/checkpoint/stage" + std::to_string(rank);
+  model::TrainState state;
+  if (!cfg.resume.empty()) {
+    state = model::load_checkpoint(cfg.resume + "/stage" + std::to_string(rank), *model, &optimizer);
+    compat::set_cpu_rng_state(state.rng_state);
+    data.set_position({state.epoch, state.batch_in_epoch});
+  }
+
+  const bool bf16 = cfg.precision == "bf16";
+  pipeline::GptStage stage(model, m, bf16);
+  pipeline::CommTransport transport(*ctx.comm);
+  pipeline::Executor executor(stage, transport, pipeline::make_schedule(kind, m, n)[static_cast<size_t>(rank)],
+                              rank, ctx.device);
+  io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"));
+  recorder.set_attribute("stage", rank);
+  recorder.set_attribute("layer_begin", range.begin);
+  recorder.set_attribute("layer_end", range.end);
+  recorder.set_attribute("microbatches", m);
+  if (rank == 0) {
+    std::printf("pp_train: %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
+                "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n",
+                n, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+                model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
+                static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+                cfg.partition.c_str(), pipeline::to_string(split).c_str());
+    std::fflush(stdout);
+  }
+
+  const auto run_start = Clock::now();
+  const int64_t per_epoch = data.batches_per_epoch();
+  compat::DeviceClock clock(ctx.device, 3);
+  int64_t step = state.step;
+  bool done = false;
+  const auto save = [&](int64_t epoch, int64_t batch) {
+    model::TrainState s{step, epoch, batch, cfg.seed, compat::cpu_rng_state(), cli::to_json(cfg)};
+    model::save_checkpoint(ckpt_dir, *model, &optimizer, s);
+  };
+  for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
+    model->train();
+    compat::reset_peak_memory(ctx.device);
+    double epoch_time = 0;
+    int64_t epoch_tokens = 0, epoch_targets = 0;
+    for (int64_t b = data.position().batch; b < per_epoch; ++b) {
+      io::StepRecord rec;
+      rec.step = step;
+      rec.epoch = epoch;
+      const auto t0 = Clock::now();
+      rec.start = std::chrono::duration<double>(t0 - run_start).count();
+      auto batch = data.next();
+      auto dev = to_device(batch.batch, ctx.device);
+      stage.set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens});
+      rec.data = since(t0);
+      const auto times = executor.run_step(step, rec.start + rec.data);
+      clock.mark(0);
+      pipeline::sync_tied_gradient(*model, *ctx.comm);
+      clock.mark(1);
+      if (cfg.grad_clip > 0) pipeline::clip_grad_norm_pipeline(*model, ctx.comm.get(), cfg.grad_clip);
+      optimizer.step();
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+      clock.mark(2);
+      const double opt_end = since(run_start);
+      for (const auto& a : times.actions) recorder.action(a);
+      rec.forward = times.forward;
+      rec.backward = times.backward;
+      rec.sync_exposed = times.comm_wait + clock.elapsed(0, 1);
+      rec.sync_total = rec.sync_exposed;
+      rec.optimizer = clock.elapsed(1, 2);
+      io::ActionRecord opt{step, rank, 6, -1, opt_end - rec.optimizer, opt_end, 0, 0};
+      recorder.action(opt);
+      // The loss lives on the last stage; every rank records it.
+      auto loss = torch::tensor({stage.take_loss()}, torch::TensorOptions().dtype(torch::kFloat64))
+                      .to(ctx.device);
+      if (n > 1) ctx.comm->broadcast(loss, n - 1);
+      rec.loss = loss.item<double>();
+      rec.end = std::chrono::duration<double>(Clock::now() - run_start).count();
+      rec.padded_tokens = batch.batch.padded_tokens;
+      rec.target_tokens = batch.batch.target_tokens;
+      rec.lr = cfg.lr;
+      GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << step,
+                  "lower --lr, or use --precision fp32");
+      recorder.step(rec);
+      epoch_time += rec.end - rec.start;
+      epoch_tokens += rec.padded_tokens;
+      epoch_targets += rec.target_tokens;
+      ++step;
+      if (rank == 0 && (step % cfg.log_every == 0 || b + 1 == per_epoch)) {
+        const double step_time = rec.end - rec.start;
+        const double remaining = static_cast<double>((cfg.epochs - epoch - 1) * per_epoch + (per_epoch - b - 1));
+        print_progress(epoch, cfg.epochs, b, per_epoch, rec.loss,
+                       static_cast<double>(rec.padded_tokens) / step_time, remaining * step_time);
+      }
+      if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
+      if (cfg.max_steps > 0 && step >= cfg.max_steps) {
+        done = true;
+        break;
+      }
+    }
+    data.set_position({epoch + 1, 0});
+    print_epoch_time(epoch, rank, epoch_time, epoch_tokens);
+    model->eval();
+    const auto val = pipeline_validation_loss(model, *ctx.comm, data.dataset().split("validation"),
+                                              cfg.max_eval_pairs, cfg.batch_size / m, cfg.seq_len,
+                                              data.special(), bf16);
+    if (rank == 0) {
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n", static_cast<long long>(epoch + 1),
+                  val.loss, val.perplexity);
+      std::fflush(stdout);
+    }
+    io::EpochRecord er;
+    er.epoch = epoch;
+    er.train_time = epoch_time;
+    er.padded_tokens = epoch_tokens;
+    er.tokens_per_sec = static_cast<double>(epoch_tokens) / epoch_time;
+    er.target_tokens_per_sec = static_cast<double>(epoch_targets) / epoch_time;
+    er.val_loss = val.loss;
+    er.val_ppl = val.perplexity;
+    er.bleu = std::nan("");
+    er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
+    recorder.epoch(er);
+    if (cfg.save_every == 0) save(epoch + 1, 0);
+  }
+  recorder.set_attribute("peak_memory_bytes", static_cast<double>(compat::peak_memory_bytes(ctx.device)));
+  recorder.close();
+  if (n > 1) ctx.comm->barrier();
+  return 0;
+}
+
+}  // namespace gpt2p::parallel
