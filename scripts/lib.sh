@@ -4,6 +4,8 @@ GPT2P_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Paths under the repo hash relatively, so build dirs and clones share ccache hits.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$GPT2P_ROOT}
 export GPT2P_VOCAB_DIR=${GPT2P_VOCAB_DIR:-$GPT2P_ROOT/.cache/gpt2-vocab}
 
 # True when PyTorch with CUDA and a GPU are here: then we build against PyTorch's libtorch.

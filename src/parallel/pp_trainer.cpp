@@ -196,6 +196,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
         break;
       }
     }
+    // Where a resume continues: the next batch of this epoch if --max-steps cut it short.
+    const data::SamplerPosition resume_at =
+        done ? data.position() : data::SamplerPosition{epoch + 1, 0};
     data.set_position({epoch + 1, 0});
     print_epoch_time(epoch, rank, epoch_time, epoch_tokens);
     model->eval();
@@ -218,7 +221,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     er.bleu = std::nan("");
     er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
     recorder.epoch(er);
-    if (cfg.save_every == 0) save(epoch + 1, 0);
+    if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
   }
   recorder.set_attribute("peak_memory_bytes", static_cast<double>(compat::peak_memory_bytes(ctx.device)));
   recorder.close();

@@ -167,6 +167,9 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
         break;
       }
     }
+    // Where a resume continues: the next batch of this epoch if --max-steps cut it short.
+    const data::SamplerPosition resume_at =
+        done ? data.position() : data::SamplerPosition{epoch + 1, 0};
     data.set_position({epoch + 1, 0});
     // HW5's per-rank line, then evaluation (not part of the training time).
     print_epoch_time(epoch, rank, epoch_time, epoch_tokens);
@@ -200,7 +203,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     er.bleu = bleu;
     er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
     recorder.epoch(er);
-    if (cfg.save_every == 0) save(epoch + 1, 0);
+    if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
     // Evaluation and rank 0's checkpoint must not leak into another rank's next timed step.
     if (world > 1) ctx.comm->barrier();
   }
