@@ -1,5 +1,6 @@
 // JSONL / parallel-text readers, whitespace, dedupe and the hash split.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -101,7 +102,7 @@ TEST(Corpus, ReadJsonlErrorsNameFileAndLine) {
   EXPECT_NE(text.find(path + ":2:"), std::string::npos) << text;
   EXPECT_NE(text.find("\"translation\""), std::string::npos) << text;
 
-  const std::string broken = ::testing::TempDir() + "/broken.jsonl";
+  const std::string broken = ::testing::TempDir() + "/broken_" + std::to_string(::getpid()) + ".jsonl";
   std::ofstream(broken) << "{\"translation\": {\"de\": \"a\", \"en\": \"b\"}}\n{not json\n";
   const auto text2 = error_text([&] { read_jsonl(broken); });
   EXPECT_NE(text2.find(broken + ":2: not valid JSON"), std::string::npos) << text2;

@@ -1,6 +1,7 @@
 // The prepared dataset file: round trip, atomic write, and the errors that name the fix.
 #include <H5Cpp.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -25,7 +26,9 @@ std::string error_text(F&& f) {
 }
 
 std::string temp_path(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / "gpt2p_dataset_test";
+  // One folder per test process: ctest runs the cases of this file in parallel.
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("gpt2p_dataset_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   return (dir / name).string();
 }
