@@ -25,7 +25,9 @@ gpt2p_build() {
   command -v ninja >/dev/null 2>&1 || args=("${args[@]:2}")
   cmake -S "$GPT2P_ROOT" -B "$dir" "${args[@]}" "$@" >"$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; echo "configure failed (log: $dir.configure.log)" >&2; return 1; }
-  cmake --build "$dir" -j "${GPT2P_JOBS:-$(nproc)}"
+  # GPT2P_TARGETS="a b": build only those (scripts/run needs no test binaries).
+  # shellcheck disable=SC2086
+  cmake --build "$dir" -j "${GPT2P_JOBS:-$(nproc)}" ${GPT2P_TARGETS:+--target $GPT2P_TARGETS}
 }
 
 # The python3 that has the analysis dependencies (h5py, numpy, matplotlib, pytest): the first on

@@ -20,7 +20,8 @@ namespace {
 // stage sums the masked CE and broadcasts (sum, count); every rank returns the same value.
 LossResult pipeline_validation_loss(model::GPT2& model, comm::Communicator& comm,
                                     const data::Split& split, int64_t max_pairs, int64_t batch_size,
-                                    int64_t seq_len, const data::SpecialTokens& special, bool bf16) {
+                                    int64_t seq_len, const data::SpecialTokens& special,
+                                    bool bf16) {
   torch::NoGradGuard no_grad;
   const int n = comm.size(), rank = comm.rank();
   const auto device = comm.device();
@@ -50,7 +51,8 @@ LossResult pipeline_validation_loss(model::GPT2& model, comm::Communicator& comm
       count += tokens;
     }
   }
-  auto totals = torch::tensor({sum, count}, torch::TensorOptions().dtype(torch::kFloat64)).to(device);
+  auto totals =
+      torch::tensor({sum, count}, torch::TensorOptions().dtype(torch::kFloat64)).to(device);
   if (n > 1) comm.broadcast(totals, n - 1);
   totals = totals.cpu();
   LossResult r;
@@ -69,9 +71,9 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
   if (partition == "uniform") return pipeline::partition_uniform(blocks, n_stages);
   GPT2P_CHECK(partition == "balanced", "--partition " << partition << " is not a known split",
               "pass --partition uniform or --partition balanced");
-  const auto costs = pipeline::layer_costs_flops(blocks, static_cast<int>(config.n_embd),
-                                                 static_cast<int>(config.n_head), static_cast<int>(seq_len),
-                                                 static_cast<int>(config.padded_vocab_size()));
+  const auto costs = pipeline::layer_costs_flops(
+      blocks, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
+      static_cast<int>(seq_len), static_cast<int>(config.padded_vocab_size()));
   return pipeline::partition_balanced(costs, n_stages);
 }
 
@@ -82,15 +84,16 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   const auto split = stage_partition(cfg.partition, ctx.model_config, n, cfg.seq_len);
   const auto range = split[static_cast<size_t>(rank)];
   const int m = cfg.mode == "model_parallel" ? 1 : cfg.microbatches;
-  GPT2P_CHECK(cfg.batch_size % m == 0, "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
+  GPT2P_CHECK(cfg.batch_size % m == 0,
+              "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
               "pick --microbatches dividing --batch-size");
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
   const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
 
   // Pipeline ranks all see the full global batch (a data "world" of one).
-  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
-                  cfg.batch_size, cfg.seq_len, cfg.seed},
+  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(),
+                  cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
                  /*rank=*/0, /*world=*/1);
   torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
   model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
@@ -102,7 +105,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   const std::string ckpt_dir = cfg.out + "/checkpoint/stage" + std::to_string(rank);
   model::TrainState state;
   if (!cfg.resume.empty()) {
-    state = model::load_checkpoint(cfg.resume + "/stage" + std::to_string(rank), *model, &optimizer);
+    state =
+        model::load_checkpoint(cfg.resume + "/stage" + std::to_string(rank), *model, &optimizer);
     compat::set_cpu_rng_state(state.rng_state);
     data.set_position({state.epoch, state.batch_in_epoch});
   }
@@ -110,20 +114,22 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   const bool bf16 = cfg.precision == "bf16";
   pipeline::GptStage stage(model, m, bf16);
   pipeline::CommTransport transport(*ctx.comm);
-  pipeline::Executor executor(stage, transport, pipeline::make_schedule(kind, m, n)[static_cast<size_t>(rank)],
-                              rank, ctx.device);
+  pipeline::Executor executor(stage, transport,
+                              pipeline::make_schedule(kind, m, n)[static_cast<size_t>(rank)], rank,
+                              ctx.device);
   io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"));
   recorder.set_attribute("stage", rank);
   recorder.set_attribute("layer_begin", range.begin);
   recorder.set_attribute("layer_end", range.end);
   recorder.set_attribute("microbatches", m);
   if (rank == 0) {
-    std::printf("pp_train: %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
-                "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n",
-                n, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
-                model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
-                static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-                cfg.partition.c_str(), pipeline::to_string(split).c_str());
+    std::printf(
+        "pp_train: %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
+        "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n",
+        n, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
+        static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+        cfg.partition.c_str(), pipeline::to_string(split).c_str());
     std::fflush(stdout);
   }
 
@@ -139,8 +145,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
     model->train();
     compat::reset_peak_memory(ctx.device);
-    double epoch_time = 0;
-    int64_t epoch_tokens = 0, epoch_targets = 0;
+    EpochTotals totals;
     for (int64_t b = data.position().batch; b < per_epoch; ++b) {
       io::StepRecord rec;
       rec.step = step;
@@ -155,7 +160,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       clock.mark(0);
       pipeline::sync_tied_gradient(*model, *ctx.comm);
       clock.mark(1);
-      if (cfg.grad_clip > 0) pipeline::clip_grad_norm_pipeline(*model, ctx.comm.get(), cfg.grad_clip);
+      if (cfg.grad_clip > 0)
+        pipeline::clip_grad_norm_pipeline(*model, ctx.comm.get(), cfg.grad_clip);
       optimizer.step();
       for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
       clock.mark(2);
@@ -177,19 +183,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       rec.padded_tokens = batch.batch.padded_tokens;
       rec.target_tokens = batch.batch.target_tokens;
       rec.lr = cfg.lr;
-      GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << step,
-                  "lower --lr, or use --precision fp32");
-      recorder.step(rec);
-      epoch_time += rec.end - rec.start;
-      epoch_tokens += rec.padded_tokens;
-      epoch_targets += rec.target_tokens;
+      finish_step(recorder, rec, totals,
+                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, 1.0});
       ++step;
-      if (rank == 0 && (step % cfg.log_every == 0 || b + 1 == per_epoch)) {
-        const double step_time = rec.end - rec.start;
-        const double remaining = static_cast<double>((cfg.epochs - epoch - 1) * per_epoch + (per_epoch - b - 1));
-        print_progress(epoch, cfg.epochs, b, per_epoch, rec.loss,
-                       static_cast<double>(rec.padded_tokens) / step_time, remaining * step_time);
-      }
       if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
       if (cfg.max_steps > 0 && step >= cfg.max_steps) {
         done = true;
@@ -200,22 +196,22 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     const data::SamplerPosition resume_at =
         done ? data.position() : data::SamplerPosition{epoch + 1, 0};
     data.set_position({epoch + 1, 0});
-    print_epoch_time(epoch, rank, epoch_time, epoch_tokens);
+    print_epoch_time(epoch, rank, totals.time, totals.tokens);
     model->eval();
     const auto val = pipeline_validation_loss(model, *ctx.comm, data.dataset().split("validation"),
                                               cfg.max_eval_pairs, cfg.batch_size / m, cfg.seq_len,
                                               data.special(), bf16);
     if (rank == 0) {
-      std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n", static_cast<long long>(epoch + 1),
-                  val.loss, val.perplexity);
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
+                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
       std::fflush(stdout);
     }
     io::EpochRecord er;
     er.epoch = epoch;
-    er.train_time = epoch_time;
-    er.padded_tokens = epoch_tokens;
-    er.tokens_per_sec = static_cast<double>(epoch_tokens) / epoch_time;
-    er.target_tokens_per_sec = static_cast<double>(epoch_targets) / epoch_time;
+    er.train_time = totals.time;
+    er.padded_tokens = totals.tokens;
+    er.tokens_per_sec = static_cast<double>(totals.tokens) / totals.time;
+    er.target_tokens_per_sec = static_cast<double>(totals.targets) / totals.time;
     er.val_loss = val.loss;
     er.val_ppl = val.perplexity;
     er.bleu = std::nan("");
@@ -223,7 +219,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     recorder.epoch(er);
     if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
   }
-  recorder.set_attribute("peak_memory_bytes", static_cast<double>(compat::peak_memory_bytes(ctx.device)));
+  recorder.set_attribute("peak_memory_bytes",
+                         static_cast<double>(compat::peak_memory_bytes(ctx.device)));
   recorder.close();
   if (n > 1) ctx.comm->barrier();
   return 0;

@@ -1,7 +1,10 @@
 #include "gpt2p/parallel/train_common.h"
 
+#include <cmath>
 #include <cstdio>
 #include <vector>
+
+#include "gpt2p/core/error.h"
 
 namespace gpt2p::parallel {
 
@@ -31,14 +34,35 @@ void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch,
                     double tokens_per_sec, double eta_seconds) {
   std::printf("epoch %lld/%d step %lld/%lld loss %.4f tok/s %.0f (all ranks) eta %s\n",
               static_cast<long long>(epoch + 1), epochs, static_cast<long long>(batch + 1),
-              static_cast<long long>(per_epoch), loss, tokens_per_sec, format_eta(eta_seconds).c_str());
+              static_cast<long long>(per_epoch), loss, tokens_per_sec,
+              format_eta(eta_seconds).c_str());
   std::fflush(stdout);
 }
 
 void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens) {
   std::printf("Epoch %lld on Rank %d: Training Time = %.4f, Tokens_per_sec = %.1f\n",
-              static_cast<long long>(epoch), rank, train_time, static_cast<double>(tokens) / train_time);
+              static_cast<long long>(epoch), rank, train_time,
+              static_cast<double>(tokens) / train_time);
   std::fflush(stdout);
+}
+
+void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTotals& totals,
+                 const StepPlace& place) {
+  GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << rec.step,
+              "lower --lr, or use --precision fp32");
+  recorder.step(rec);
+  totals.time += rec.end - rec.start;
+  totals.tokens += rec.padded_tokens;
+  totals.targets += rec.target_tokens;
+  const bool last = place.batch + 1 == place.per_epoch;
+  if (place.prints && ((rec.step + 1) % place.log_every == 0 || last)) {
+    const double step_time = rec.end - rec.start;
+    const double remaining = static_cast<double>(
+        (place.epochs - place.epoch - 1) * place.per_epoch + (place.per_epoch - place.batch - 1));
+    print_progress(place.epoch, place.epochs, place.batch, place.per_epoch, rec.loss,
+                   static_cast<double>(rec.padded_tokens) * place.tokens_factor / step_time,
+                   remaining * step_time);
+  }
 }
 
 }  // namespace gpt2p::parallel

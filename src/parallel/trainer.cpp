@@ -97,9 +97,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
     model->train();
     compat::reset_peak_memory(ctx.device);
-    double epoch_time = 0;
-    int64_t epoch_tokens = 0;
-    int64_t epoch_targets = 0;
+    EpochTotals totals;
     for (int64_t b = data.position().batch; b < per_epoch; ++b) {
       io::StepRecord rec;
       rec.step = step;
@@ -148,19 +146,9 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       const double local_sum = loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world;
       rec.loss = batch.batch.target_tokens > 0 ? local_sum / static_cast<double>(batch.batch.target_tokens) : 0.0;
       rec.lr = cfg.lr;
-      GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << step,
-                  "lower --lr, or use --precision fp32");
-      recorder.step(rec);
-      epoch_time += rec.end - rec.start;
-      epoch_tokens += rec.padded_tokens;
-      epoch_targets += rec.target_tokens;
+      finish_step(recorder, rec, totals,
+                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, static_cast<double>(world)});
       ++step;
-      if (rank == 0 && (step % cfg.log_every == 0 || b + 1 == per_epoch)) {
-        const double step_time = rec.end - rec.start;
-        const double remaining = static_cast<double>((cfg.epochs - epoch - 1) * per_epoch + (per_epoch - b - 1));
-        print_progress(epoch, cfg.epochs, b, per_epoch, rec.loss,
-                       static_cast<double>(rec.padded_tokens) * world / step_time, remaining * step_time);
-      }
       if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
       if (cfg.max_steps > 0 && step >= cfg.max_steps) {
         done = true;
@@ -172,7 +160,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
         done ? data.position() : data::SamplerPosition{epoch + 1, 0};
     data.set_position({epoch + 1, 0});
     // HW5's per-rank line, then evaluation (not part of the training time).
-    print_epoch_time(epoch, rank, epoch_time, epoch_tokens);
+    print_epoch_time(epoch, rank, totals.time, totals.tokens);
     model->eval();
     const auto val = validation_loss(logits_fn, data.dataset().split("validation"),
                                      cfg.max_eval_pairs, micro, cfg.seq_len, data.special(), vocab,
@@ -194,10 +182,10 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     }
     io::EpochRecord er;
     er.epoch = epoch;
-    er.train_time = epoch_time;
-    er.padded_tokens = epoch_tokens;
-    er.tokens_per_sec = static_cast<double>(epoch_tokens) / epoch_time;
-    er.target_tokens_per_sec = static_cast<double>(epoch_targets) / epoch_time;
+    er.train_time = totals.time;
+    er.padded_tokens = totals.tokens;
+    er.tokens_per_sec = static_cast<double>(totals.tokens) / totals.time;
+    er.target_tokens_per_sec = static_cast<double>(totals.targets) / totals.time;
     er.val_loss = val.loss;
     er.val_ppl = val.perplexity;
     er.bleu = bleu;

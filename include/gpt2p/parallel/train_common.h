@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gpt2p/data/batch.h"
+#include "gpt2p/io/run_record.h"
 
 namespace gpt2p::parallel {
 
@@ -32,5 +33,28 @@ void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch,
 
 // HW5's per-rank line: "Epoch {e} on Rank {r}: Training Time = {t}, Tokens_per_sec = {x}".
 void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens);
+
+// One epoch's totals of this rank's steps.
+struct EpochTotals {
+  double time = 0;      // seconds in timed steps (evaluation and checkpoints excluded)
+  int64_t tokens = 0;   // padded tokens, as HW5 counts them
+  int64_t targets = 0;  // target (loss) tokens
+};
+
+// Where a step sits, for the progress line.
+struct StepPlace {
+  int64_t epoch = 0;
+  int epochs = 0;
+  int64_t batch = 0;
+  int64_t per_epoch = 0;
+  int log_every = 1;
+  bool prints = false;         // rank 0 only
+  double tokens_factor = 1.0;  // step tokens x this = tokens of all ranks
+};
+
+// What every loop does with a finished step: refuse a non-finite loss (with the fix), record the
+// row, add it to the epoch's totals, and print the progress line every log_every steps.
+void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTotals& totals,
+                 const StepPlace& place);
 
 }  // namespace gpt2p::parallel
