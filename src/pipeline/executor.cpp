@@ -29,8 +29,9 @@ Executor::Executor(Stage& stage, Transport& transport, RankActions actions, int 
       rank_(rank),
       clock_(device, 4 * static_cast<int>(actions_.size()) + 2) {
   for (const auto& a : actions_) {
-    GPT2P_CHECK(a.stage == rank_, "action " << to_string(a) << " is for stage " << a.stage
-                                            << " but this executor runs stage " << rank_,
+    GPT2P_CHECK(a.stage == rank_,
+                "action " << to_string(a) << " is for stage " << a.stage
+                          << " but this executor runs stage " << rank_,
                 "pass make_schedule(...)[rank] to the executor of that rank");
   }
 }
@@ -81,8 +82,9 @@ StepTimes Executor::run_step(long long step, double step_start) {
     const int mb = a.microbatch;
     auto need_stash = [&](const char* why) -> Stash& {
       auto it = stash.find(mb);
-      GPT2P_CHECK(it != stash.end(), "stage " << rank_ << " runs " << to_string(a) << " (" << why
-                                              << ") but micro-batch " << mb << " has no forward pending",
+      GPT2P_CHECK(it != stash.end(),
+                  "stage " << rank_ << " runs " << to_string(a) << " (" << why
+                           << ") but micro-batch " << mb << " has no forward pending",
                   "every F must come before its SEND_F, RECV_B and B in the action list");
       return it->second;
     };
@@ -91,7 +93,8 @@ StepTimes Executor::run_step(long long step, double step_start) {
       case Action::Op::kRecvGrad: {
         const bool act = a.op == Action::Op::kRecvActivation;
         auto& pending = act ? recv_act : recv_grad;
-        GPT2P_CHECK(pending.count(mb) == 0, "stage " << rank_ << " posts " << to_string(a) << " twice",
+        GPT2P_CHECK(pending.count(mb) == 0,
+                    "stage " << rank_ << " posts " << to_string(a) << " twice",
                     "each micro-batch is received once per direction");
         torch::Tensor buffer = act ? stage_.empty_activation(mb)
                                    : torch::empty_like(need_stash("gradient buffer").output);
@@ -118,7 +121,8 @@ StepTimes Executor::run_step(long long step, double step_start) {
         auto output = stage_.forward(mb, input);
         const int e = mark();
         stash[mb] = Stash{input, output};
-        times.max_live_activations = std::max(times.max_live_activations, static_cast<int>(stash.size()));
+        times.max_live_activations =
+            std::max(times.max_live_activations, static_cast<int>(stash.size()));
         forward_spans.push_back(static_cast<int>(spans.size()));
         spans.push_back({s, e});
         break;
@@ -143,8 +147,9 @@ StepTimes Executor::run_step(long long step, double step_start) {
         stage_.backward(mb, st.output, grad);
         const int e = mark();
         if (!stage_.is_first()) {
-          GPT2P_CHECK(st.input.grad().defined(), "stage " << rank_ << " backward of micro-batch " << mb
-                                                          << " left no gradient on its input",
+          GPT2P_CHECK(st.input.grad().defined(),
+                      "stage " << rank_ << " backward of micro-batch " << mb
+                               << " left no gradient on its input",
                       "the stage's forward must use its input");
           input_grads[mb] = st.input.grad();
         }
@@ -155,8 +160,9 @@ StepTimes Executor::run_step(long long step, double step_start) {
       }
       case Action::Op::kSendGrad: {
         auto it = input_grads.find(mb);
-        GPT2P_CHECK(it != input_grads.end(), "stage " << rank_ << " runs " << to_string(a)
-                                                      << " before the backward of micro-batch " << mb,
+        GPT2P_CHECK(it != input_grads.end(),
+                    "stage " << rank_ << " runs " << to_string(a)
+                             << " before the backward of micro-batch " << mb,
                     "every B must come before its SEND_B in the action list");
         const int s = mark();
         sends.emplace_back(transport_.send(it->second, a.peer), it->second);
@@ -174,17 +180,20 @@ StepTimes Executor::run_step(long long step, double step_start) {
     waits.emplace_back(a, mark());
   }
   GPT2P_CHECK(stash.empty() && recv_act.empty() && recv_grad.empty() && input_grads.empty(),
-              "stage " << rank_ << " ended the step with " << stash.size() << " forward(s) without backward, "
-                       << recv_act.size() + recv_grad.size() << " receive(s) never used and "
-                       << input_grads.size() << " gradient(s) never sent",
+              "stage " << rank_ << " ended the step with " << stash.size()
+                       << " forward(s) without backward, " << recv_act.size() + recv_grad.size()
+                       << " receive(s) never used and " << input_grads.size()
+                       << " gradient(s) never sent",
               "the action list must be complete (build it with make_schedule)");
   // Read the clock once (on GPUs this waits for the step's events).
   for (size_t i = 0; i < recs.size(); ++i) {
     recs[i].start = step_start + clock_.elapsed(origin, spans[i].start);
     recs[i].end = step_start + clock_.elapsed(origin, spans[i].end);
   }
-  for (int i : forward_spans) times.forward += recs[static_cast<size_t>(i)].end - recs[static_cast<size_t>(i)].start;
-  for (int i : backward_spans) times.backward += recs[static_cast<size_t>(i)].end - recs[static_cast<size_t>(i)].start;
+  for (int i : forward_spans)
+    times.forward += recs[static_cast<size_t>(i)].end - recs[static_cast<size_t>(i)].start;
+  for (int i : backward_spans)
+    times.backward += recs[static_cast<size_t>(i)].end - recs[static_cast<size_t>(i)].start;
   for (const auto& w : waits) times.comm_wait += clock_.elapsed(w.first, w.second);
   times.actions = std::move(recs);
   return times;

@@ -10,15 +10,17 @@ namespace gpt2p::pipeline {
 
 GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16)
     : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16) {
-  GPT2P_CHECK(n_microbatches_ >= 1, "a stage needs at least one micro-batch, got " << n_microbatches_,
+  GPT2P_CHECK(n_microbatches_ >= 1,
+              "a stage needs at least one micro-batch, got " << n_microbatches_,
               "pass --microbatches >= 1");
 }
 
 void GptStage::set_batch(StageBatch batch) {
   const int64_t rows = batch.inputs.size(0);
-  GPT2P_CHECK(rows % n_microbatches_ == 0,
-              "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
-              "pick --microbatches dividing --batch-size");
+  GPT2P_CHECK(
+      rows % n_microbatches_ == 0,
+      "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
+      "pick --microbatches dividing --batch-size");
   micro_rows_ = rows / n_microbatches_;
   batch_ = std::move(batch);
 }
@@ -31,10 +33,11 @@ double GptStage::take_loss() {
 }
 
 torch::Tensor GptStage::rows(const torch::Tensor& t, int mb) const {
-  GPT2P_CHECK(t.defined() && mb >= 0 && mb < n_microbatches_,
-              "micro-batch " << mb << " requested but the stage has " << n_microbatches_
-                             << " micro-batches" << (t.defined() ? "" : " and no batch"),
-              "call set_batch() before running a step and keep the schedule's M equal to the stage's");
+  GPT2P_CHECK(
+      t.defined() && mb >= 0 && mb < n_microbatches_,
+      "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
+                     << (t.defined() ? "" : " and no batch"),
+      "call set_batch() before running a step and keep the schedule's M equal to the stage's");
   return t.narrow(0, mb * micro_rows_, micro_rows_);
 }
 
@@ -69,8 +72,10 @@ void GptStage::backward(int /*mb*/, const torch::Tensor& output, const torch::Te
 void sync_tied_gradient(model::GPT2Impl& model, comm::Communicator& comm) {
   const int n = comm.size();
   if (n == 1 || (!model.has_embedding() && !model.has_head())) return;
-  GPT2P_CHECK(!model.is_full(), "rank " << comm.rank() << " holds the whole model but the pipeline has "
-                                        << n << " stages", "build one stage per rank");
+  GPT2P_CHECK(
+      !model.is_full(),
+      "rank " << comm.rank() << " holds the whole model but the pipeline has " << n << " stages",
+      "build one stage per rank");
   auto w = model.tied_parameter();
   GPT2P_CHECK(w.defined() && w.grad().defined(),
               "stage on rank " << comm.rank() << " has no gradient for the tied wte weight",
@@ -93,7 +98,8 @@ double clip_grad_norm_pipeline(model::GPT2Impl& model, comm::Communicator* comm,
   const auto tied = model.tied_parameter();
   const bool skip_tied = !model.has_embedding();  // the head's copy: counted on the first stage
   auto options = torch::TensorOptions().dtype(torch::kFloat64);
-  torch::Tensor sq = torch::zeros({1}, options.device(comm != nullptr ? comm->device() : torch::kCPU));
+  torch::Tensor sq =
+      torch::zeros({1}, options.device(comm != nullptr ? comm->device() : torch::kCPU));
   std::vector<torch::Tensor> grads;
   for (auto& p : model.parameters()) {
     if (!p.grad().defined()) continue;

@@ -2,9 +2,10 @@
 // (executor.h) makes. The executor owns the order of work and what backward needs (the stage input
 // with requires_grad and the output, per micro-batch); a Stage only computes.
 //
-// GptStage is the real one: a GPT2 built for a layer range, the step's batch cut into micro-batches,
-// and on the last stage the loss. The free functions below finish a pipeline step: the tied
-// embedding/head gradient shared by the first and last stage, and clipping by the global norm.
+// GptStage is the real one: a GPT2 built for a layer range, the step's batch cut into
+// micro-batches, and on the last stage the loss. The free functions below finish a pipeline step:
+// the tied embedding/head gradient shared by the first and last stage, and clipping by the global
+// norm.
 #pragma once
 
 #include <torch/torch.h>
