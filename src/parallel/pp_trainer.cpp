@@ -206,18 +206,10 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                   static_cast<long long>(epoch + 1), val.loss, val.perplexity);
       std::fflush(stdout);
     }
-    io::EpochRecord er;
-    er.epoch = epoch;
-    er.train_time = totals.time;
-    er.padded_tokens = totals.tokens;
-    er.tokens_per_sec = static_cast<double>(totals.tokens) / totals.time;
-    er.target_tokens_per_sec = static_cast<double>(totals.targets) / totals.time;
-    er.val_loss = val.loss;
-    er.val_ppl = val.perplexity;
-    er.bleu = std::nan("");
-    er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
-    recorder.epoch(er);
+    recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, std::nan(""), ctx.device));
     if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
+    // Evaluation and the checkpoints must not leak into another rank's next timed step.
+    if (n > 1) ctx.comm->barrier();
   }
   recorder.set_attribute("peak_memory_bytes",
                          static_cast<double>(compat::peak_memory_bytes(ctx.device)));

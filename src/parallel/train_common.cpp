@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::parallel {
@@ -63,6 +64,21 @@ void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTota
                    static_cast<double>(rec.padded_tokens) * place.tokens_factor / step_time,
                    remaining * step_time);
   }
+}
+
+io::EpochRecord epoch_record(int64_t epoch, const EpochTotals& totals, double val_loss,
+                             double val_ppl, double bleu, const torch::Device& device) {
+  io::EpochRecord er;
+  er.epoch = epoch;
+  er.train_time = totals.time;
+  er.padded_tokens = totals.tokens;
+  er.tokens_per_sec = static_cast<double>(totals.tokens) / totals.time;
+  er.target_tokens_per_sec = static_cast<double>(totals.targets) / totals.time;
+  er.val_loss = val_loss;
+  er.val_ppl = val_ppl;
+  er.bleu = bleu;
+  er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(device));
+  return er;
 }
 
 }  // namespace gpt2p::parallel

@@ -180,17 +180,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
                   static_cast<long long>(epoch + 1), val.loss, val.perplexity, cfg.translate_samples, bleu);
       std::fflush(stdout);
     }
-    io::EpochRecord er;
-    er.epoch = epoch;
-    er.train_time = totals.time;
-    er.padded_tokens = totals.tokens;
-    er.tokens_per_sec = static_cast<double>(totals.tokens) / totals.time;
-    er.target_tokens_per_sec = static_cast<double>(totals.targets) / totals.time;
-    er.val_loss = val.loss;
-    er.val_ppl = val.perplexity;
-    er.bleu = bleu;
-    er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(ctx.device));
-    recorder.epoch(er);
+    recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, bleu, ctx.device));
     if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
     // Evaluation and rank 0's checkpoint must not leak into another rank's next timed step.
     if (world > 1) ctx.comm->barrier();

@@ -57,4 +57,9 @@ struct StepPlace {
 void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTotals& totals,
                  const StepPlace& place);
 
+// The /epochs row of an epoch: HW5's time and tokens/s from `totals`, the validation result, BLEU
+// (NaN when not measured) and the device's peak memory.
+io::EpochRecord epoch_record(int64_t epoch, const EpochTotals& totals, double val_loss,
+                             double val_ppl, double bleu, const torch::Device& device);
+
 }  // namespace gpt2p::parallel
