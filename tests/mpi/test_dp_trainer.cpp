@@ -10,6 +10,7 @@
 
 #include "gpt2p/cli/train_options.h"
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
@@ -78,7 +79,7 @@ class DataParallelTrainer : public ::testing::Test {
     dir =
         (fs::temp_directory_path() / ("gpt2p_dp_" + std::to_string(pid.item<int64_t>()))).string();
     if (comm->rank() == 0) {
-      fs::remove_all(dir);
+      remove_tree(dir);
       fs::create_directories(dir);
       write_small_dataset(dir + "/data.h5", vocab_dir());
     }
@@ -86,7 +87,7 @@ class DataParallelTrainer : public ::testing::Test {
   }
   void TearDown() override {
     comm->barrier();
-    if (comm->rank() == 0 && !dir.empty()) fs::remove_all(dir);
+    if (comm->rank() == 0 && !dir.empty()) remove_tree(dir);
   }
 
   cli::TrainConfig config(const std::string& out, int64_t max_steps) const {

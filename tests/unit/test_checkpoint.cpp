@@ -15,29 +15,14 @@
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/model/safetensors.h"
+#include "support/temp_dir.h"
 
 namespace gpt2p::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("gpt2p_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using gpt2p::testing::TempDir;
 
 GPT2Config tiny_config(int64_t vocab = 100) {
   GPT2Config c = preset("tiny");

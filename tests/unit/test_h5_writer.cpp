@@ -7,6 +7,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/io/h5_writer.h"
 #include "gpt2p/io/run_info.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using gpt2p::io::H5Writer;
@@ -23,17 +24,12 @@ std::vector<double> read_column(const std::string& path, const std::string& name
   return v;
 }
 
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("gpt2p_h5_" + name + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
 
 }  // namespace
 
 TEST(H5Writer, AppendsRowsAndRenamesOnClose) {
-  const auto dir = temp_dir("rows");
-  const std::string path = (dir / "rank0.h5").string();
+  const gpt2p::testing::TempDir dir("h5_rows");
+  const std::string path = dir / "rank0.h5";
   {
     H5Writer w(path);
     w.set_attribute("config", std::string(R"({"a":1})"));
@@ -49,12 +45,11 @@ TEST(H5Writer, AppendsRowsAndRenamesOnClose) {
   EXPECT_FALSE(fs::exists(path + ".partial"));
   EXPECT_EQ(read_column(path, "steps/step"), (std::vector<double>{0, 1}));
   EXPECT_EQ(read_column(path, "steps/loss"), (std::vector<double>{2.5, 2.25}));
-  fs::remove_all(dir);
 }
 
 TEST(H5Writer, PartialFileKeepsFlushedRows) {
-  const auto dir = temp_dir("partial");
-  const std::string path = (dir / "rank1.h5").string();
+  const gpt2p::testing::TempDir dir("h5_partial");
+  const std::string path = dir / "rank1.h5";
   auto w = std::make_unique<H5Writer>(path);
   w->add_table("steps", {"step"});
   for (int i = 0; i < 300; ++i) w->append("steps", {static_cast<double>(i)});
@@ -62,12 +57,11 @@ TEST(H5Writer, PartialFileKeepsFlushedRows) {
   EXPECT_EQ(read_column(path + ".partial", "steps/step").size(), 300U);
   w->close();
   EXPECT_EQ(read_column(path, "steps/step").back(), 299.0);
-  fs::remove_all(dir);
 }
 
 TEST(H5Writer, RejectsRowOfWrongWidthAndUnknownTable) {
-  const auto dir = temp_dir("bad");
-  H5Writer w((dir / "r.h5").string());
+  const gpt2p::testing::TempDir dir("h5_bad");
+  H5Writer w(dir / "r.h5");
   w.add_table("steps", {"a", "b"});
   try {
     w.append("steps", {1.0});
@@ -77,7 +71,6 @@ TEST(H5Writer, RejectsRowOfWrongWidthAndUnknownTable) {
   }
   EXPECT_THROW(w.append("nope", {1.0}), gpt2p::Error);
   w.close();
-  fs::remove_all(dir);
 }
 
 TEST(H5Writer, UnwritableDirectoryIsAClearError) {

