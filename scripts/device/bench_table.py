@@ -21,7 +21,7 @@ def our_run(run_dir):
     ranks = sorted(run_dir.glob("rank*.h5"))
     if not ranks:
         return None
-    per_rank_time, per_rank_tok, step_times, step_tokens = [], [], [], 0
+    per_rank_time, per_rank_tok, step_times, step_tokens, peaks = [], [], [], 0, []
     cfg = {}
     for path in ranks:
         with h5py.File(path, "r") as f:
@@ -34,6 +34,8 @@ def our_run(run_dir):
             sel = st["epoch"][:] >= 1 if len(ep["epoch"]) > 1 else slice(None)
             step_times.append(np.asarray(st["end"][:] - st["start"][:])[sel])
             step_tokens += int(st["padded_tokens"][0])
+            if "peak_memory_bytes" in ep:
+                peaks.append(float(np.max(ep["peak_memory_bytes"][:])))
     epoch_time = np.mean(per_rank_time, axis=0)       # mean over ranks, per epoch
     epoch_tok = np.sum(per_rank_tok, axis=0)          # sum over ranks, per epoch
     med_step = float(np.median(np.max(np.stack(step_times), axis=0)))
@@ -42,7 +44,8 @@ def our_run(run_dir):
                 mode=cfg.get("mode"), schedule=cfg.get("schedule"), m=cfg.get("microbatches"),
                 partition=cfg.get("partition"),
                 hw5_epoch_time=float(np.mean(epoch_time)), hw5_tok_s=float(np.mean(epoch_tok)),
-                median_step_s=med_step, step_tok_s=step_tokens / med_step)
+                median_step_s=med_step, step_tok_s=step_tokens / med_step,
+                peak_gib=[p / 2**30 for p in peaks])
 
 
 def main():
@@ -61,10 +64,19 @@ def main():
                 anchor.append(json.loads(line))
             except json.JSONDecodeError:
                 pass
-    print(f"{'run':34s} {'world':>5s} {'HW5 tok/s':>11s} {'epoch s':>8s} {'step tok/s':>11s} {'step ms':>8s}")
+    print(f"{'run':26s} {'world':>5s} {'HW5 tok/s':>10s} {'epoch s':>8s} {'step tok/s':>10s} "
+          f"{'step ms':>8s} {'vs base':>7s} {'peak GiB/rank':>14s}")
     for name, r in ours.items():
-        print(f"{name:34s} {r['world']:5d} {r['hw5_tok_s']:11.0f} {r['hw5_epoch_time']:8.2f} "
-              f"{r['step_tok_s']:11.0f} {1000 * r['median_step_s']:8.1f}")
+        # pp: speed-up over the model_parallel run of the same setting (fp32_mp for fp32_*,
+        # fp32_mp_uniform for *_uniform); dp: over the 1-GPU run of the same precision.
+        if a.kind == "pp":
+            base = name.split("_")[0] + "_mp" + ("_uniform" if name.endswith("_uniform") else "")
+        else:
+            base = name.split("_")[0] + "_1gpu"
+        rel = f"{r['step_tok_s'] / ours[base]['step_tok_s']:6.2f}x" if base in ours else "      -"
+        peak = "/".join(f"{p:.1f}" for p in r["peak_gib"]) or "-"
+        print(f"{name:26s} {r['world']:5d} {r['hw5_tok_s']:10.0f} {r['hw5_epoch_time']:8.2f} "
+              f"{r['step_tok_s']:10.0f} {1000 * r['median_step_s']:8.1f} {rel:>7s} {peak:>14s}")
     if anchor:
         print("anchor (PyTorch, median step):")
         for x in anchor:

@@ -8,22 +8,26 @@ anchors=.anchors; [ -d "$anchors" ] || anchors=../shared/anchors
 data=.cache/data/ding-gpt2.h5
 [ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
 common=(--data "$data" --epochs ${DP_EPOCHS:-3} --translate-samples 0 --max-eval-pairs 64 --log-every 1000)
+# No checkpoints, except in one run per precision below (--save-every 0: one per epoch), which
+# shows the end-of-epoch save path works on the GPU build.
+nosave=(--save-every -1)
 run() {  # name np flags...
   local name=$1 np=$2; shift 2
   echo "== $name: mpirun -np $np dp_train $*" | tee -a "$out/dp.log"
-  mpirun -np "$np" "$bin/dp_train" "${common[@]}" --out "$runs/$name" "$@" >>"$out/dp.log" 2>&1 ||
-    echo "!! $name failed" | tee -a "$out/dp.log"
+  timeout ${DP_RUN_TIMEOUT:-150} mpirun -np "$np" "$bin/dp_train" "${common[@]}" --out "$runs/$name" "$@" \
+    >>"$out/dp.log" 2>&1 || echo "!! $name failed (rc $?)" | tee -a "$out/dp.log"
 }
 # HW5: 1 GPU at batch 64 vs 2 GPUs at batch 128, fp32, sequence 128.
 fp32=(--precision fp32 --seq-len 128 --max-train-pairs ${DP_FP32_PAIRS:-2560})
-run fp32_1gpu 1 "${fp32[@]}" --batch-size 64
+run fp32_1gpu 1 "${fp32[@]}" --batch-size 64 "${nosave[@]}"
 # bf16, sequence 1024, 16 per GPU.
 bf16=(--precision bf16 --seq-len 1024 --max-train-pairs ${DP_BF16_PAIRS:-1280})
-run bf16_1gpu 1 "${bf16[@]}" --batch-size 16
+run bf16_1gpu 1 "${bf16[@]}" --batch-size 16 "${nosave[@]}"
 if [ "$ngpu" -ge 2 ]; then
   for sync in bucketed per-param; do
-    run fp32_2gpu_$sync 2 "${fp32[@]}" --batch-size 128 --grad-sync $sync
-    run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync
+    save=("${nosave[@]}"); [ $sync = per-param ] && save=(--save-every 0)
+    run fp32_2gpu_$sync 2 "${fp32[@]}" --batch-size 128 --grad-sync $sync "${save[@]}"
+    run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync "${nosave[@]}"
   done
   anchor_configs="64x128xfp32,16x1024xbf16"
 else

@@ -62,7 +62,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
   out.add_options()
       ("out", po::value(&c.out), "output directory: rank<r>.h5 timing files, checkpoints (default: runs/<program>)")
       ("init-from", po::value(&c.init_from), "initialise from a Hugging Face GPT-2 directory or one of our checkpoints")
-      ("save-every", po::value(&c.save_every)->default_value(c.save_every), "checkpoint every N optimizer steps; 0 = at the end of each epoch")
+      ("save-every", po::value(&c.save_every)->default_value(c.save_every), "checkpoint every N optimizer steps; 0 = at the end of each epoch; -1 = never (benchmarks)")
       ("resume", po::value(&c.resume), "resume from this checkpoint directory (model, optimizer, step, RNG, data position)")
       ("translate-samples", po::value(&c.translate_samples), "test pairs greedily translated (and BLEU-scored) per epoch (default: 4 on cuda, 2 on cpu)")
       ("log-every", po::value(&c.log_every)->default_value(c.log_every), "rank 0 prints a progress line every N steps")
@@ -117,6 +117,7 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
                                                 std::to_string(c.grad_accum));
   require(c.lr > 0, "--lr must be positive");
   require(c.max_steps >= 0, "--max-steps must be >= 0");
+  require(c.save_every >= -1, "--save-every must be a step count, 0 (every epoch) or -1 (never)");
   require(c.comm_timeout_s > 0, "--comm-timeout must be positive");
   require_one_of("precision", c.precision, {"fp32", "tf32", "bf16"});
   require_one_of("grad-sync", c.grad_sync, {"per-param", "bucketed"});

@@ -51,6 +51,16 @@ std::string dtype_name(torch::ScalarType type) {
   }
 }
 
+std::vector<WorkPtr> Communicator::batch_isend_irecv(std::vector<P2POp>& ops) {
+  std::vector<WorkPtr> works;
+  works.reserve(ops.size());
+  for (auto& op : ops) {
+    works.push_back(op.kind == P2POp::Kind::kSend ? send_async(op.tensor, op.peer, op.tag)
+                                                  : recv_async(op.tensor, op.peer, op.tag));
+  }
+  return works;
+}
+
 const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "avg"; }
 
 const char* backend_name(Backend backend) { return backend == Backend::kMpi ? "mpi" : "nccl"; }

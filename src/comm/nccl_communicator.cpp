@@ -88,7 +88,7 @@ struct NcclState {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, std::unique_ptr<Event> done,
+  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<Event> done,
            std::vector<torch::Tensor> keep, std::function<void()> finish)
       : state_(std::move(state)),
         done_(std::move(done)),
@@ -137,7 +137,7 @@ class NcclWork final : public Work {
 
  private:
   std::shared_ptr<NcclState> state_;
-  std::unique_ptr<Event> done_;
+  std::shared_ptr<Event> done_;  // shared by the Works of one batch_isend_irecv
   std::vector<torch::Tensor> keep_;
   std::function<void()> finish_;
   bool waited_ = false;
@@ -320,6 +320,41 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // One NCCL group for the whole batch; every Work waits on the group's completion.
+  std::vector<WorkPtr> batch_isend_irecv(std::vector<P2POp>& ops) override {
+    std::vector<Staged> staged;
+    std::vector<torch::Tensor> keep;
+    for (auto& op : ops) {
+      const bool send = op.kind == P2POp::Kind::kSend;
+      check_tensor(op.tensor, send ? "batch_isend_irecv(send)" : "batch_isend_irecv(recv)");
+      check_peer(op.peer, send ? "batch_isend_irecv(send)" : "batch_isend_irecv(recv)");
+      staged.push_back(send ? Staged{op.tensor.contiguous(), nullptr} : stage(op.tensor));
+      keep.push_back(staged.back().buffer);
+    }
+    auto done = launch(keep, [&](cudaStream_t stream) {
+      GPT2P_NCCL_CHECK(ncclGroupStart());
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const torch::Tensor& b = staged[i].buffer;
+        if (b.numel() == 0) continue;
+        const auto count = static_cast<size_t>(b.numel());
+        if (ops[i].kind == P2POp::Kind::kSend) {
+          GPT2P_NCCL_CHECK(ncclSend(b.data_ptr(), count, nccl_type(b.scalar_type()), ops[i].peer,
+                                    state_->comm, stream));
+        } else {
+          GPT2P_NCCL_CHECK(ncclRecv(b.data_ptr(), count, nccl_type(b.scalar_type()), ops[i].peer,
+                                    state_->comm, stream));
+        }
+      }
+      GPT2P_NCCL_CHECK(ncclGroupEnd());
+    });
+    std::vector<WorkPtr> works;
+    for (auto& s : staged) {
+      works.push_back(std::make_unique<NcclWork>(state_, done, std::vector<torch::Tensor>{s.buffer},
+                                                 s.finish));
+    }
+    return works;
+  }
+
   // A one-element all_reduce, then the host waits for it (with the timeout).
   void barrier() override {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
@@ -333,6 +368,13 @@ class NcclCommunicator final : public Communicator {
   // our stream for the caching allocator, and returns the Work that waits for them.
   template <class Calls>
   WorkPtr enqueue(std::vector<torch::Tensor> keep, std::function<void()> finish, Calls&& calls) {
+    auto done = launch(keep, std::forward<Calls>(calls));
+    return std::make_unique<NcclWork>(state_, std::move(done), std::move(keep), std::move(finish));
+  }
+
+  // The stream handshake of enqueue(); returns the event recorded after `calls`.
+  template <class Calls>
+  std::shared_ptr<Event> launch(const std::vector<torch::Tensor>& keep, Calls&& calls) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
     Event ready;
@@ -342,9 +384,9 @@ class NcclCommunicator final : public Communicator {
     for (const auto& t : keep) {
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     }
-    auto done = std::make_unique<Event>();
+    auto done = std::make_shared<Event>();
     done->record(stream_.stream());
-    return std::make_unique<NcclWork>(state_, std::move(done), std::move(keep), std::move(finish));
+    return done;
   }
 
   MPI_Comm mpi_comm_;

@@ -100,8 +100,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   model->reset_parameters(cfg.seed);
   if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
   model->to(ctx.device);
-  torch::optim::AdamW optimizer(model->parameters(),
-                                torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  compat::FusedAdamW optimizer(model->parameters(),
+                               torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
   const std::string ckpt_dir = cfg.out + "/checkpoint/stage" + std::to_string(rank);
   model::TrainState state;
   if (!cfg.resume.empty()) {

@@ -54,7 +54,8 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   model->to(ctx.device);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
   auto params = model->parameters();
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  compat::FusedAdamW optimizer(params,
+                               torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
 
   model::TrainState state;
   if (!cfg.resume.empty()) {

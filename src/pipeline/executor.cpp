@@ -13,12 +13,8 @@ long long bytes_of(const torch::Tensor& t) {
 
 }  // namespace
 
-comm::WorkPtr CommTransport::send(const torch::Tensor& tensor, int peer) {
-  return comm_.send_async(tensor, peer);
-}
-
-comm::WorkPtr CommTransport::recv(torch::Tensor& tensor, int peer) {
-  return comm_.recv_async(tensor, peer);
+std::vector<comm::WorkPtr> CommTransport::post(std::vector<comm::P2POp>& ops) {
+  return comm_.batch_isend_irecv(ops);
 }
 
 Executor::Executor(Stage& stage, Transport& transport, RankActions actions, int rank,
@@ -73,7 +69,41 @@ StepTimes Executor::run_step(long long step, double step_start) {
   std::vector<int> forward_spans, backward_spans;
   StepTimes times;
 
+  // The group being collected: consecutive transfer actions, posted together before the next
+  // compute action (or the end of the list).
+  std::vector<comm::P2POp> group;
+  struct GroupEntry {
+    size_t record;
+    int mb;
+    bool recv, activation;
+  };
+  std::vector<GroupEntry> entries;
+  auto post_group = [&] {
+    if (group.empty()) return;
+    const int s = mark();
+    auto works = transport_.post(group);
+    const int e = mark();
+    GPT2P_CHECK(works.size() == group.size(),
+                "the transport returned " << works.size() << " handles for " << group.size()
+                                          << " transfers",
+                "Transport::post must return one Work per op");
+    for (size_t i = 0; i < group.size(); ++i) {
+      const GroupEntry& g = entries[i];
+      if (g.recv) {
+        auto& pending = g.activation ? recv_act : recv_grad;
+        pending[g.mb] = Pending{group[i].tensor, std::move(works[i]), g.record};
+        spans[g.record] = {s, s};  // end: when its user has waited for it
+      } else {
+        sends.emplace_back(std::move(works[i]), group[i].tensor);
+        spans[g.record] = {s, e};
+      }
+    }
+    group.clear();
+    entries.clear();
+  };
+
   for (const auto& a : actions_) {
+    if (a.is_compute()) post_group();
     io::ActionRecord rec;
     rec.step = step;
     rec.stage = a.stage;
@@ -93,16 +123,18 @@ StepTimes Executor::run_step(long long step, double step_start) {
       case Action::Op::kRecvGrad: {
         const bool act = a.op == Action::Op::kRecvActivation;
         auto& pending = act ? recv_act : recv_grad;
-        GPT2P_CHECK(pending.count(mb) == 0,
+        const bool queued = std::any_of(entries.begin(), entries.end(), [&](const GroupEntry& g) {
+          return g.recv && g.activation == act && g.mb == mb;
+        });
+        GPT2P_CHECK(pending.count(mb) == 0 && !queued,
                     "stage " << rank_ << " posts " << to_string(a) << " twice",
                     "each micro-batch is received once per direction");
         torch::Tensor buffer = act ? stage_.empty_activation(mb)
                                    : torch::empty_like(need_stash("gradient buffer").output);
-        const int s = mark();
-        auto work = transport_.recv(buffer, a.peer);
         rec.bytes_recv = bytes_of(buffer);
-        pending[mb] = Pending{buffer, std::move(work), recs.size()};
-        spans.push_back({s, s});  // end: when its user has waited for it
+        group.push_back({comm::P2POp::Kind::kRecv, buffer, a.peer});
+        entries.push_back({recs.size(), mb, true, act});
+        spans.push_back({0, 0});  // set when the group is posted
         recs.push_back(rec);
         continue;
       }
@@ -129,10 +161,10 @@ StepTimes Executor::run_step(long long step, double step_start) {
       }
       case Action::Op::kSendActivation: {
         auto t = need_stash("send").output.detach();
-        const int s = mark();
-        sends.emplace_back(transport_.send(t, a.peer), t);
         rec.bytes_sent = bytes_of(t);
-        spans.push_back({s, mark()});
+        group.push_back({comm::P2POp::Kind::kSend, t, a.peer});
+        entries.push_back({recs.size(), mb, false, true});
+        spans.push_back({0, 0});
         break;
       }
       case Action::Op::kBackward: {
@@ -164,16 +196,17 @@ StepTimes Executor::run_step(long long step, double step_start) {
                     "stage " << rank_ << " runs " << to_string(a)
                              << " before the backward of micro-batch " << mb,
                     "every B must come before its SEND_B in the action list");
-        const int s = mark();
-        sends.emplace_back(transport_.send(it->second, a.peer), it->second);
         rec.bytes_sent = bytes_of(it->second);
+        group.push_back({comm::P2POp::Kind::kSend, it->second, a.peer});
+        entries.push_back({recs.size(), mb, false, false});
         input_grads.erase(it);
-        spans.push_back({s, mark()});
+        spans.push_back({0, 0});
         break;
       }
     }
     recs.push_back(rec);
   }
+  post_group();
   for (auto& s : sends) {
     const int a = mark();
     s.first->wait();

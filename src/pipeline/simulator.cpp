@@ -57,7 +57,7 @@ std::string describe_position(const Schedule& schedule, const std::vector<size_t
 
 }  // namespace
 
-SimResult simulate(const Schedule& schedule, const SimCosts& costs) {
+SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers transfers) {
   const int n = static_cast<int>(schedule.size());
   const std::vector<double> fwd = resolve_costs(costs.forward, n, 1.0, "forward");
   const std::vector<double> bwd = resolve_costs(costs.backward, n, 2.0, "backward");
@@ -71,7 +71,39 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs) {
   std::vector<size_t> pc(n, 0);
   std::vector<double> clock(n, 0.0);
   std::vector<int> live(n, 0);
-  std::map<TransferKey, std::deque<double>> issued;  // send times not yet received
+  std::map<TransferKey, std::deque<double>> issued;  // kBuffered: send times not yet received
+
+  // Rendezvous models: the group rank r is posting, [pc, group_end), since post_time; per action,
+  // when its transfer met its partner (negative: not yet).
+  const bool rendezvous = transfers != Transfers::kBuffered;
+  std::vector<size_t> group_end(n, 0);
+  std::vector<double> post_time(n, -1.0);
+  std::vector<std::vector<double>> met(n);
+  for (int r = 0; r < n; ++r) met[r].assign(schedule[r].size(), -1.0);
+  auto posting = [&](int r) { return r >= 0 && r < n && pc[r] < group_end[r]; };
+  // Matches rank r's waiting transfers with the peers' posted groups; true when all have met.
+  auto match_group = [&](int r) {
+    bool all = true;
+    for (size_t k = pc[r]; k < group_end[r]; ++k) {
+      if (met[r][k] >= 0.0) continue;
+      const Action& a = schedule[r][k];
+      const int p = a.peer;
+      bool found = false;
+      if (posting(p)) {
+        for (size_t q = pc[p]; q < group_end[p] && !found; ++q) {
+          const Action& b = schedule[p][q];
+          if (met[p][q] >= 0.0 || b.is_send() == a.is_send() || b.peer != r ||
+              transfer_key(b, p) != transfer_key(a, r)) {
+            continue;
+          }
+          met[r][k] = met[p][q] = std::max(post_time[r], post_time[p]) + costs.comm;
+          found = true;
+        }
+      }
+      all = all && found;
+    }
+    return all;
+  };
 
   bool progress = true;
   while (progress) {
@@ -87,6 +119,25 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs) {
           result.busy[r] += d;
           live[r] += a.op == Op::kForward ? 1 : -1;
           result.max_live_activations[r] = std::max(result.max_live_activations[r], live[r]);
+        } else if (rendezvous) {
+          if (!posting(r)) {  // arrive at a new group and post it
+            size_t e = pc[r] + 1;
+            if (transfers == Transfers::kGrouped) {
+              while (e < list.size() && !list[e].is_compute()) ++e;
+            }
+            group_end[r] = e;
+            post_time[r] = clock[r];
+          }
+          if (!match_group(r)) break;  // wait for the peers
+          double done = clock[r];
+          for (size_t k = pc[r]; k < group_end[r]; ++k) {
+            result.timings[r].push_back({post_time[r], met[r][k]});
+            done = std::max(done, met[r][k]);
+          }
+          clock[r] = done;
+          pc[r] = group_end[r];
+          progress = true;
+          continue;
         } else if (a.is_send()) {
           issued[transfer_key(a, r)].push_back(clock[r]);
         } else {
@@ -106,10 +157,16 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs) {
   std::ostringstream stuck;
   for (int r = 0; r < n; ++r) {
     if (pc[r] == schedule[r].size()) continue;
-    const Action& a = schedule[r][pc[r]];
+    size_t k = pc[r];
+    if (rendezvous) {  // name the first transfer of the group that found no partner
+      while (k + 1 < group_end[r] && met[r][k] >= 0.0) ++k;
+    }
+    const Action& a = schedule[r][k];
     if (stuck.tellp() > 0) stuck << "\n";
-    stuck << "rank " << r << " waits forever at action #" << pc[r] << " '" << to_string(a)
-          << "': no matching send was issued; " << describe_position(schedule, pc, a.peer);
+    stuck << "rank " << r << " waits forever at action #" << k << " '" << to_string(a) << "': "
+          << (rendezvous ? "its peer is not posting the matching transfer"
+                         : "no matching send was issued")
+          << "; " << describe_position(schedule, pc, a.peer);
   }
   result.deadlock_reason = stuck.str();
   result.ok = result.deadlock_reason.empty();

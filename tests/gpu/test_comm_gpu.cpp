@@ -129,6 +129,26 @@ TEST_F(NcclTest, SendRecvRing) {
   }
 }
 
+TEST_F(NcclTest, BatchExchangesBothWaysWhereSeparateCallsWouldDeadlock) {
+  // 1F1B's steady state: both ranks send first and receive second. Issued one by one on the
+  // stream, each send would wait for a receive queued behind the peer's own send; in one batch
+  // (one NCCL group) they complete. 64 MiB each, far above any eager-send buffering.
+  if (world < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int peer = rank ^ 1;
+  if (peer >= world) GTEST_SKIP() << "odd rank out";
+  const int64_t n = 16 << 20;
+  for (int round = 0; round < 3; ++round) {
+    torch::Tensor out = gpu(torch::full({n}, static_cast<float>(rank * 10 + round)));
+    torch::Tensor in = gpu(torch::zeros({n}));
+    std::vector<P2POp> ops{{P2POp::Kind::kSend, out, peer}, {P2POp::Kind::kRecv, in, peer}};
+    auto works = nccl->batch_isend_irecv(ops);
+    ASSERT_EQ(works.size(), 2u);
+    for (auto& w : works) w->synchronize();
+    EXPECT_EQ(in.min().item<float>(), static_cast<float>(peer * 10 + round));
+    EXPECT_EQ(in.max().item<float>(), static_cast<float>(peer * 10 + round));
+  }
+}
+
 TEST_F(NcclTest, AsyncOverlapsComputeAndSynchronizeBlocks) {
   torch::Tensor grads = gpu(rank_values(rank, {1 << 22}, torch::kFloat32));
   WorkPtr work = nccl->all_reduce_async(grads);

@@ -243,6 +243,25 @@ TEST_F(CommTest, SendRecvRingEveryDtype) {
   expect_same(base.t(), rank_values(prev, {4, 3}, torch::kFloat64));
 }
 
+TEST_F(CommTest, BatchSendsAndReceivesBothWaysAtOnce) {
+  // Every rank sends to both neighbours and receives from both in one batch, the pattern of a
+  // middle pipeline stage; one Work per op, in order.
+  const int next = (rank + 1) % world;
+  const int prev = (rank + world - 1) % world;
+  torch::Tensor from_prev = torch::zeros({5}, torch::kFloat32);
+  torch::Tensor base = torch::zeros({3, 2}, torch::kFloat32);
+  torch::Tensor from_next = base.t();  // non-contiguous: copied back when waited for
+  std::vector<P2POp> ops{{P2POp::Kind::kSend, rank_values(rank, {5}, torch::kFloat32), next},
+                         {P2POp::Kind::kRecv, from_prev, prev},
+                         {P2POp::Kind::kSend, rank_values(rank, {2, 3}, torch::kFloat32), prev},
+                         {P2POp::Kind::kRecv, from_next, next}};
+  auto works = comm->batch_isend_irecv(ops);
+  ASSERT_EQ(works.size(), ops.size());
+  for (auto& w : works) w->wait();
+  expect_same(from_prev, rank_values(prev, {5}, torch::kFloat32));
+  expect_same(base.t(), rank_values(next, {2, 3}, torch::kFloat32));
+}
+
 TEST_F(CommTest, PingPongBetweenRanksZeroAndOne) {
   // The ball is incremented at each hop; ranks other than 0 and 1 only watch.
   torch::Tensor ball = torch::zeros({16}, torch::kInt64);

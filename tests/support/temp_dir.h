@@ -2,6 +2,7 @@
 // std::filesystem::remove_all: see core/atomic_file.h) when it goes out of scope.
 #pragma once
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,6 +31,19 @@ class TempDir {
   const std::filesystem::path& path() const { return path_; }
   std::string str() const { return path_.string(); }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+  // Entries directly in the directory (readdir, not std::filesystem's iterators: see above).
+  int entries() const {
+    int n = 0;
+    if (DIR* d = ::opendir(path_.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        n += name != "." && name != ".." ? 1 : 0;
+      }
+      ::closedir(d);
+    }
+    return n;
+  }
 
  private:
   std::filesystem::path path_;

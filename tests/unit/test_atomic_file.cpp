@@ -25,13 +25,6 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Everything in `dir` but `keep`: leftovers such as "<name>.tmp.<pid>" or "<name>.old.<pid>".
-int entries(const TempDir& dir) {
-  int n = 0;
-  for (auto it = fs::directory_iterator(dir.path()); it != fs::directory_iterator(); ++it) ++n;
-  return n;
-}
-
 TEST(RemoveTree, RemovesNestedDirectoriesButNotWhatLinksPointTo) {
   TempDir dir("rmtree");
   fs::create_directories(dir / "a/b/c");
@@ -60,7 +53,7 @@ TEST(AtomicFile, ReplacesTheFileOrLeavesItUntouched) {
                                 }),
                std::runtime_error);
   EXPECT_EQ(slurp(dir / "f.txt"), "two");
-  EXPECT_EQ(entries(dir), 1) << "the temporary file must be gone";
+  EXPECT_EQ(dir.entries(), 1) << "the temporary file must be gone";
 }
 
 TEST(AtomicDir, SecondWriteReplacesTheFirstAndLeavesNothingBehind) {
@@ -75,7 +68,7 @@ TEST(AtomicDir, SecondWriteReplacesTheFirstAndLeavesNothingBehind) {
     });
   }
   EXPECT_EQ(slurp(ckpt + "/sub/weights"), "second");
-  EXPECT_EQ(entries(dir), 1) << "no <checkpoint>.old.* or .tmp.* may be left";
+  EXPECT_EQ(dir.entries(), 1) << "no <checkpoint>.old.* or .tmp.* may be left";
 }
 
 TEST(AtomicDir, FailedWriteKeepsThePreviousDirectory) {
@@ -89,7 +82,7 @@ TEST(AtomicDir, FailedWriteKeepsThePreviousDirectory) {
                                     }),
                Error);
   EXPECT_EQ(slurp(ckpt + "/w"), "ok");
-  EXPECT_EQ(entries(dir), 1);
+  EXPECT_EQ(dir.entries(), 1);
 }
 
 }  // namespace

@@ -171,6 +171,25 @@ TEST(HfCheckpoint, ExtraVocabRowsGetTheMeanEmbeddingAndPaddingIsZero) {
   EXPECT_EQ(w.narrow(0, 103, 128 - 103).abs().sum().item<double>(), 0.0);
 }
 
+TEST(Checkpoint, SavingAgainReplacesItAndLeavesNothingBehind) {
+  // Every epoch's save replaces the previous checkpoint. In a program linking PyTorch's wheel this
+  // crashed once (std::filesystem::remove_all from the wheel, core/atomic_file.h): this binary
+  // links libtorch, so the GPU machine's ctest -L unit runs the same path.
+  TempDir dir;
+  const auto c = tiny_config();
+  GPT2 model(c);
+  model->reset_parameters(3);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  for (int64_t step = 1; step <= 3; ++step) {
+    TrainState state;
+    state.step = step;
+    save_checkpoint(dir / "ckpt", *model, &opt, state);
+  }
+  GPT2 other(c);
+  EXPECT_EQ(load_checkpoint(dir / "ckpt", *other, nullptr).step, 3);
+  EXPECT_EQ(dir.entries(), 1) << "no ckpt.old.* or ckpt.tmp.* may be left";
+}
+
 TEST(Checkpoint, RoundTripWithOptimizerStateAndTrainState) {
   TempDir dir;
   const auto c = tiny_config();

@@ -51,21 +51,27 @@ class DoneWork : public comm::Work {
   bool is_completed() override { return true; }
 };
 
-// Receives are filled with 1s; sends are kept.
+// Receives are filled with 1s; sends are kept; the size of every posted group is recorded.
 class FakeTransport : public Transport {
  public:
   explicit FakeTransport(int s, std::vector<std::string>* log) : s_(s), log_(log) {}
-  comm::WorkPtr send(const torch::Tensor& t, int peer) override {
-    log_->push_back(std::to_string(s_) + "SEND->" + std::to_string(peer));
-    sent.push_back(t.clone());
-    return std::make_unique<DoneWork>();
-  }
-  comm::WorkPtr recv(torch::Tensor& t, int peer) override {
-    log_->push_back(std::to_string(s_) + "RECV<-" + std::to_string(peer));
-    t.fill_(1.0);
-    return std::make_unique<DoneWork>();
+  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops) override {
+    std::vector<comm::WorkPtr> works;
+    for (auto& op : ops) {
+      if (op.kind == comm::P2POp::Kind::kSend) {
+        log_->push_back(std::to_string(s_) + "SEND->" + std::to_string(op.peer));
+        sent.push_back(op.tensor.clone());
+      } else {
+        log_->push_back(std::to_string(s_) + "RECV<-" + std::to_string(op.peer));
+        op.tensor.fill_(1.0);
+      }
+      works.push_back(std::make_unique<DoneWork>());
+    }
+    group_sizes.push_back(static_cast<int>(ops.size()));
+    return works;
   }
   std::vector<torch::Tensor> sent;
+  std::vector<int> group_sizes;
 
  private:
   int s_;
@@ -118,6 +124,42 @@ TEST(Executor, RunsExactlyTheScheduleOnEveryRank) {
       }
     }
   }
+}
+
+// Runs of consecutive transfer actions, as the executor must post them (one group each).
+std::vector<int> expected_groups(const RankActions& actions) {
+  std::vector<int> sizes;
+  bool in_run = false;
+  for (const auto& a : actions) {
+    if (a.is_compute()) {
+      in_run = false;
+    } else {
+      if (!in_run) sizes.push_back(0);
+      ++sizes.back();
+      in_run = true;
+    }
+  }
+  return sizes;
+}
+
+TEST(Executor, PostsEachRunOfTransfersAsOneGroup) {
+  for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (int n : {2, 3, 4}) {
+      const auto schedule = make_schedule(kind, 4, n);
+      for (int s = 0; s < n; ++s) {
+        std::vector<std::string> log;
+        FakeStage stage(s, n, &log);
+        FakeTransport transport(s, &log);
+        Executor(stage, transport, schedule[static_cast<size_t>(s)], s, torch::kCPU).run_step(0, 0);
+        EXPECT_EQ(transport.group_sizes, expected_groups(schedule[static_cast<size_t>(s)]))
+            << to_string(kind) << " n=" << n << " stage " << s;
+      }
+    }
+  }
+  // 1F1B's steady state on the first of 2 stages: the send of F(i+1) goes with the receive of
+  // B(i) (Megatron's send_forward_recv_backward).
+  const auto first = make_schedule(ScheduleKind::kOneFOneB, 4, 2)[0];
+  EXPECT_EQ(expected_groups(first), (std::vector<int>{1, 2, 2, 2, 1}));
 }
 
 TEST(Executor, SendsActivationsAndInputGradientsAndAccumulates) {

@@ -71,6 +71,8 @@ TEST(TrainOptions, BadValuesNameTheFlag) {
   EXPECT_NE(usage_error({"--batch-size", "abc"}).find("batch-size"), std::string::npos);
   EXPECT_NE(usage_error({"--no-such-flag"}).find("no-such-flag"), std::string::npos);
   EXPECT_NE(usage_error({"--device", "cuda"}).find("--device cpu"), std::string::npos);
+  EXPECT_NE(usage_error({"--save-every", "-2"}).find("-1 (never)"), std::string::npos);
+  EXPECT_EQ(usage_error({"--save-every", "-1"}), "");
 }
 
 TEST(TrainOptions, PipelineFlagsOnlyOnPpTrain) {

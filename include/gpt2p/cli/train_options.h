@@ -42,7 +42,7 @@ struct TrainConfig {
   // Output, checkpoints, evaluation.
   std::string out;  // empty: runs/<program>
   std::string init_from;
-  int64_t save_every = 0;  // steps; 0: at the end of every epoch
+  int64_t save_every = 0;  // steps; 0: at the end of every epoch; -1: never
   std::string resume;
   int translate_samples = -1;  // -1: 4 on cuda, 2 on cpu
   int log_every = 10;

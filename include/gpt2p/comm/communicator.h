@@ -15,6 +15,11 @@
 //    blocking the host. Work::synchronize() blocks the host, polling ncclCommGetAsyncError; past
 //    the communicator's timeout it aborts the NCCL communicator and throws, so a dead or stuck peer
 //    fails the job instead of hanging it. Lists of tensors go in one NCCL group.
+//  * Point-to-point on NCCL: sends and receives queue on the one stream in call order, and each
+//    waits there until its peer has posted the matching call. Two ranks that each send to the
+//    other before receiving therefore deadlock (1F1B's steady state does exactly that). Post such
+//    pairs together with batch_isend_irecv (one NCCL group, as torch.distributed's
+//    batch_isend_irecv and Megatron's send_forward_recv_backward do); MPI calls never block there.
 //  * Tensors passed to *_async calls must stay alive and unmodified until wait() returns (the
 //    NCCL backend also records them on its stream for torch's caching allocator).
 //  * Supported dtypes: float32, float64, int32, int64, bfloat16 (MPI reduces bfloat16 in float32
@@ -43,6 +48,15 @@ namespace gpt2p::comm {
 enum class ReduceOp { kSum, kAvg };
 
 enum class Backend { kMpi, kNccl };
+
+// One transfer of a batch_isend_irecv call.
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  torch::Tensor tensor;  // send: read until the Work is waited for; recv: written
+  int peer = -1;
+  int tag = 0;
+};
 
 // A handle on an operation in flight.
 class Work {
@@ -92,6 +106,10 @@ class Communicator {
   virtual void recv(torch::Tensor& tensor, int peer, int tag = 0);
   virtual WorkPtr send_async(const torch::Tensor& tensor, int peer, int tag = 0) = 0;
   virtual WorkPtr recv_async(torch::Tensor& tensor, int peer, int tag = 0) = 0;
+  // Posts every op at once and returns one Work per op, in order. NCCL: one group, so the ops
+  // progress together and the batch completes when all have (see the contract above). The base
+  // version posts send_async/recv_async in order, right for backends whose calls never block.
+  virtual std::vector<WorkPtr> batch_isend_irecv(std::vector<P2POp>& ops);
 
   virtual void barrier() = 0;
 

@@ -1,15 +1,17 @@
 // The pipeline executor: one rank, one stage, one action list (schedule.h's make_schedule()[rank]).
 //
 // It interprets the list in order and holds no scheduling logic:
-//   RECV_F / RECV_B  post an asynchronous receive; the F / B that needs it waits for it
+//   SEND_* / RECV_*  a run of consecutive transfer actions is posted as one group (one NCCL group:
+//                    see communicator.h and schedule.h); a receive is waited for by the F / B that
+//                    needs it
 //   F                runs the stage; keeps the input (requires_grad on non-first stages) and output
 //   SEND_F / SEND_B  post an asynchronous send of the output / the input's gradient; the sends are
 //                    waited for at the end of the step (their buffers stay alive until then)
 //   B                loss.backward() on the last stage, backward({output}, {grad}) elsewhere;
 //                    gradients accumulate over the micro-batches
 // Transfers go through a Transport, so tests can run a stage with a recording fake and no MPI.
-// On NCCL, sends and receives are queued on the communicator's stream in the list's order; waits
-// order torch's stream after them without blocking the host.
+// On NCCL, the groups are queued on the communicator's stream in the list's order; waits order
+// torch's stream after them without blocking the host.
 //
 // Timing: every action gets a start and end mark on a compat::DeviceClock (CUDA events on GPUs,
 // host clock on CPUs) read once at the end of the step.
@@ -29,20 +31,19 @@
 
 namespace gpt2p::pipeline {
 
-// Point-to-point transfers of one rank; both calls return at once with a Work to wait on.
+// Point-to-point transfers of one rank. post() starts one group of transfers together and returns
+// at once with one Work per op, in order.
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual comm::WorkPtr send(const torch::Tensor& tensor, int peer) = 0;
-  virtual comm::WorkPtr recv(torch::Tensor& tensor, int peer) = 0;
+  virtual std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops) = 0;
 };
 
-// send_async / recv_async of a Communicator (tag 0: messages match in call order per pair).
+// A Communicator's batch_isend_irecv (tag 0: messages match in call order per pair).
 class CommTransport : public Transport {
  public:
   explicit CommTransport(comm::Communicator& comm) : comm_(comm) {}
-  comm::WorkPtr send(const torch::Tensor& tensor, int peer) override;
-  comm::WorkPtr recv(torch::Tensor& tensor, int peer) override;
+  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops) override;
 
  private:
   comm::Communicator& comm_;

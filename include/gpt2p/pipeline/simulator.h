@@ -4,12 +4,19 @@
 // stage r. Neither needs MPI, a GPU or torch, so every plan can be checked in a unit test before
 // an executor runs it.
 //
-// Simulation semantics (what the MPI executor does, with buffered sends):
+// Simulation semantics:
 //  * every rank executes its list strictly in order, one action at a time;
 //  * F and B take forward[s] / backward[s] time units on stage s;
-//  * a SEND is issued and completes at once (buffered, non-blocking, zero duration);
-//  * a RECV completes when the matching SEND (same kind, micro-batch, from, to; FIFO among equal
-//    ones) has been issued, at max(now, send time + comm); until then the rank waits;
+//  * transfers follow one of three models (Transfers below):
+//    - kBuffered (MPI, whose sends never wait): a SEND is issued and completes at once; a RECV
+//      completes when the matching SEND (same kind, micro-batch, from, to; FIFO among equal ones)
+//      has been issued, at max(now, send time + comm); until then the rank waits;
+//    - kGrouped (NCCL, what the executor does): every run of consecutive SEND/RECV actions is one
+//      group, posted at once; the rank waits until every transfer of the group has met its
+//      partner, which must be in the group its peer is posting at the same time; a transfer
+//      completes at comm after the later of the two posts;
+//    - kUngrouped: the same rendezvous with every transfer its own group (NCCL calls issued one by
+//      one on one stream), to show which plans need the grouping;
 //  * when no rank can progress and some have actions left, the plan deadlocks: the result names
 //    each stuck rank, the action it waits at, and where its peer is.
 #pragma once
@@ -30,6 +37,8 @@ struct SimCosts {
   double comm = 0.0;
 };
 
+enum class Transfers { kBuffered, kGrouped, kUngrouped };
+
 struct ActionTiming {
   double start = 0.0;
   double end = 0.0;
@@ -49,7 +58,8 @@ struct SimResult {
 
 // Runs the plan. Throws gpt2p::Error only for bad costs (wrong sizes, negative values); plan
 // mistakes show up as !ok with a reason (deadlock) or as violations from validate().
-SimResult simulate(const Schedule& schedule, const SimCosts& costs = {});
+SimResult simulate(const Schedule& schedule, const SimCosts& costs = {},
+                   Transfers transfers = Transfers::kBuffered);
 
 struct ValidateOptions {
   // Check the send/recv rules (off for compute-only schedules).
