@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <sstream>
 #include <type_traits>
 #include <vector>
 
@@ -167,6 +168,21 @@ double DeviceClock::elapsed(int a, int b) {
 
 // ---- FusedAdamW ----
 
+namespace {
+// The optimizer state map's key for a parameter: its TensorImpl pointer, or (libtorch < 2.1) that
+// pointer as text.
+template <class Key>
+Key state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+}  // namespace
+
 FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions options)
     : torch::optim::AdamW(std::move(params), std::move(options)) {}
 
@@ -183,15 +199,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
 
 bool FusedAdamW::fused_step() {
 #if defined(GPT2P_WITH_CUDA) && GPT2P_TORCH_AT_LEAST(2, 1)
-  // The state map's key is the TensorImpl pointer (or its text in older versions).
   using Key = typename std::decay_t<decltype(state_)>::key_type;
-  auto key_of = [](const torch::Tensor& p) -> Key {
-    if constexpr (std::is_same_v<Key, std::string>) {
-      return c10::guts::to_string(p.unsafeGetTensorImpl());
-    } else {
-      return p.unsafeGetTensorImpl();
-    }
-  };
+  auto key_of = [](const torch::Tensor& p) { return state_key<Key>(p); };
   // Check every group first, so that a step is never half fused.
   for (const auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
