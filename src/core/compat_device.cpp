@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -192,7 +193,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  fused_ = fused_step();
+  static const bool enabled = [] {
+    const char* env = std::getenv("GPT2P_FUSED_ADAMW");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  fused_ = enabled && fused_step();
   if (!fused_) torch::optim::AdamW::step();
   return loss;
 }

@@ -113,7 +113,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
 
   const bool bf16 = cfg.precision == "bf16";
   pipeline::GptStage stage(model, m, bf16);
-  pipeline::CommTransport transport(*ctx.comm);
+  pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm);
   pipeline::Executor executor(stage, transport,
                               pipeline::make_schedule(kind, m, n)[static_cast<size_t>(rank)], rank,
                               ctx.device);

@@ -13,8 +13,8 @@ long long bytes_of(const torch::Tensor& t) {
 
 }  // namespace
 
-std::vector<comm::WorkPtr> CommTransport::post(std::vector<comm::P2POp>& ops) {
-  return comm_.batch_isend_irecv(ops);
+std::vector<comm::WorkPtr> CommTransport::post(std::vector<comm::P2POp>& ops, Channel channel) {
+  return (channel == Channel::kActivations ? activations_ : gradients_).batch_isend_irecv(ops);
 }
 
 Executor::Executor(Stage& stage, Transport& transport, RankActions actions, int rank,
@@ -69,8 +69,8 @@ StepTimes Executor::run_step(long long step, double step_start) {
   std::vector<int> forward_spans, backward_spans;
   StepTimes times;
 
-  // The group being collected: consecutive transfer actions, posted together before the next
-  // compute action (or the end of the list).
+  // Transfers are collected until the next compute action (or the end of the list), then posted
+  // one by one, in list order, each on its direction's channel.
   std::vector<comm::P2POp> group;
   struct GroupEntry {
     size_t record;
@@ -80,21 +80,22 @@ StepTimes Executor::run_step(long long step, double step_start) {
   std::vector<GroupEntry> entries;
   auto post_group = [&] {
     if (group.empty()) return;
-    const int s = mark();
-    auto works = transport_.post(group);
-    const int e = mark();
-    GPT2P_CHECK(works.size() == group.size(),
-                "the transport returned " << works.size() << " handles for " << group.size()
-                                          << " transfers",
-                "Transport::post must return one Work per op");
     for (size_t i = 0; i < group.size(); ++i) {
       const GroupEntry& g = entries[i];
+      std::vector<comm::P2POp> one{group[i]};
+      const int s = mark();
+      auto works =
+          transport_.post(one, g.activation ? Channel::kActivations : Channel::kGradients);
+      const int e = mark();
+      GPT2P_CHECK(works.size() == 1,
+                  "the transport returned " << works.size() << " handles for one transfer",
+                  "Transport::post must return one Work per op");
       if (g.recv) {
         auto& pending = g.activation ? recv_act : recv_grad;
-        pending[g.mb] = Pending{group[i].tensor, std::move(works[i]), g.record};
+        pending[g.mb] = Pending{group[i].tensor, std::move(works[0]), g.record};
         spans[g.record] = {s, s};  // end: when its user has waited for it
       } else {
-        sends.emplace_back(std::move(works[i]), group[i].tensor);
+        sends.emplace_back(std::move(works[0]), group[i].tensor);
         spans[g.record] = {s, e};
       }
     }

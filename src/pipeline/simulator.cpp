@@ -57,12 +57,143 @@ std::string describe_position(const Schedule& schedule, const std::vector<size_t
 
 }  // namespace
 
+namespace {
+
+// The NCCL models: transfers queue on streams and meet their partners there (see simulator.h).
+// Every action gets its times by fixpoint iteration over its dependencies; what never resolves is
+// a deadlock.
+SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& fwd,
+                           const std::vector<double>& bwd, double comm, bool per_direction) {
+  const int n = static_cast<int>(schedule.size());
+  SimResult result;
+  result.busy.assign(n, 0.0);
+  result.max_live_activations.assign(n, 0);
+  result.timings.resize(n);
+  // The partner of every transfer: k-th send of a key <-> k-th receive of it.
+  std::map<TransferKey, std::deque<std::pair<int, size_t>>> sends, recvs;
+  for (int r = 0; r < n; ++r) {
+    for (size_t k = 0; k < schedule[r].size(); ++k) {
+      const Action& a = schedule[r][k];
+      if (!a.is_compute()) (a.is_send() ? sends : recvs)[transfer_key(a, r)].emplace_back(r, k);
+    }
+  }
+  constexpr std::pair<int, size_t> kNone{-1, 0};
+  std::vector<std::vector<std::pair<int, size_t>>> partner(n);
+  for (int r = 0; r < n; ++r) partner[r].assign(schedule[r].size(), kNone);
+  for (auto& [key, list] : sends) {
+    auto& other = recvs[key];
+    while (!list.empty() && !other.empty()) {
+      partner[list.front().first][list.front().second] = other.front();
+      partner[other.front().first][other.front().second] = list.front();
+      list.pop_front();
+      other.pop_front();
+    }
+  }
+  const double kUnknown = -1.0;
+  std::vector<std::vector<double>> post(n), end(n);
+  for (int r = 0; r < n; ++r) {
+    post[r].assign(schedule[r].size(), kUnknown);
+    end[r].assign(schedule[r].size(), kUnknown);
+  }
+  auto stream_of = [&](const Action& a) {
+    const bool act = a.op == Op::kSendActivation || a.op == Op::kRecvActivation;
+    return per_direction && !act ? 1 : 0;
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < n; ++r) {
+      const RankActions& list = schedule[r];
+      double compute_end = 0.0;                // end of the last compute action so far
+      double stream_end[2] = {0.0, 0.0};       // end of the last transfer on each stream
+      bool compute_known = true, stream_known[2] = {true, true};
+      std::map<std::pair<bool, int>, size_t> recv_at;  // (gradient?, micro-batch) -> index
+      for (size_t k = 0; k < list.size(); ++k) {
+        const Action& a = list[k];
+        if (a.is_compute()) {
+          if (end[r][k] == kUnknown && compute_known) {
+            double start = compute_end;
+            bool ready = true;
+            const bool needs = a.op == Op::kForward ? r > 0 : r < n - 1;
+            if (needs) {
+              auto it = recv_at.find({a.op == Op::kBackward, a.microbatch});
+              ready = it != recv_at.end() && end[r][it->second] != kUnknown;
+              if (ready) start = std::max(start, end[r][it->second]);
+            }
+            if (ready) {
+              post[r][k] = start;
+              end[r][k] = start + (a.op == Op::kForward ? fwd[r] : bwd[r]);
+              progress = true;
+            }
+          }
+          compute_known = compute_known && end[r][k] != kUnknown;
+          if (compute_known) compute_end = end[r][k];
+          continue;
+        }
+        if (a.is_recv()) recv_at[{a.op == Op::kRecvGrad, a.microbatch}] = k;
+        const int d = stream_of(a);
+        if (post[r][k] == kUnknown && compute_known && stream_known[d]) {
+          post[r][k] = std::max(compute_end, stream_end[d]);  // queued behind both
+          progress = true;
+        }
+        if (end[r][k] == kUnknown && post[r][k] != kUnknown) {
+          const auto [p, q] = partner[r][k];
+          if (p >= 0 && post[p][q] != kUnknown) {
+            end[r][k] = std::max(post[r][k], post[p][q]) + comm;
+            progress = true;
+          }
+        }
+        stream_known[d] = stream_known[d] && end[r][k] != kUnknown;
+        if (stream_known[d]) stream_end[d] = end[r][k];
+      }
+    }
+  }
+
+  std::ostringstream stuck;
+  std::vector<size_t> pc(n);
+  for (int r = 0; r < n; ++r) {
+    pc[r] = 0;
+    while (pc[r] < schedule[r].size() && end[r][pc[r]] != kUnknown) ++pc[r];
+  }
+  for (int r = 0; r < n; ++r) {
+    int live = 0;
+    for (size_t k = 0; k < pc[r]; ++k) {
+      const Action& a = schedule[r][k];
+      result.timings[r].push_back({post[r][k], end[r][k]});
+      result.makespan = std::max(result.makespan, end[r][k]);
+      if (!a.is_compute()) continue;
+      result.busy[r] += end[r][k] - post[r][k];
+      live += a.op == Op::kForward ? 1 : -1;
+      result.max_live_activations[r] = std::max(result.max_live_activations[r], live);
+    }
+    if (pc[r] == schedule[r].size()) continue;
+    const Action& a = schedule[r][pc[r]];
+    if (stuck.tellp() > 0) stuck << "\n";
+    stuck << "rank " << r << " waits forever at action #" << pc[r] << " '" << to_string(a) << "': "
+          << (a.is_compute() ? "its input never arrives" : "the matching transfer never starts")
+          << "; " << describe_position(schedule, pc, a.peer);
+  }
+  result.deadlock_reason = stuck.str();
+  result.ok = result.deadlock_reason.empty();
+  return result;
+}
+
+}  // namespace
+
 SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers transfers) {
   const int n = static_cast<int>(schedule.size());
   const std::vector<double> fwd = resolve_costs(costs.forward, n, 1.0, "forward");
   const std::vector<double> bwd = resolve_costs(costs.backward, n, 2.0, "backward");
   GPT2P_CHECK(std::isfinite(costs.comm) && costs.comm >= 0.0,
               "simulate: comm cost is " << costs.comm, "use a finite comm cost >= 0");
+  if (transfers != Transfers::kBuffered) {
+    SimResult r = simulate_streams(schedule, fwd, bwd, costs.comm,
+                                   transfers == Transfers::kStreamPerDirection);
+    double busy = 0.0;
+    for (double b : r.busy) busy += b;
+    r.bubble_fraction = r.makespan > 0.0 ? 1.0 - busy / (n * r.makespan) : 0.0;
+    return r;
+  }
 
   SimResult result;
   result.busy.assign(n, 0.0);
@@ -71,39 +202,7 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
   std::vector<size_t> pc(n, 0);
   std::vector<double> clock(n, 0.0);
   std::vector<int> live(n, 0);
-  std::map<TransferKey, std::deque<double>> issued;  // kBuffered: send times not yet received
-
-  // Rendezvous models: the group rank r is posting, [pc, group_end), since post_time; per action,
-  // when its transfer met its partner (negative: not yet).
-  const bool rendezvous = transfers != Transfers::kBuffered;
-  std::vector<size_t> group_end(n, 0);
-  std::vector<double> post_time(n, -1.0);
-  std::vector<std::vector<double>> met(n);
-  for (int r = 0; r < n; ++r) met[r].assign(schedule[r].size(), -1.0);
-  auto posting = [&](int r) { return r >= 0 && r < n && pc[r] < group_end[r]; };
-  // Matches rank r's waiting transfers with the peers' posted groups; true when all have met.
-  auto match_group = [&](int r) {
-    bool all = true;
-    for (size_t k = pc[r]; k < group_end[r]; ++k) {
-      if (met[r][k] >= 0.0) continue;
-      const Action& a = schedule[r][k];
-      const int p = a.peer;
-      bool found = false;
-      if (posting(p)) {
-        for (size_t q = pc[p]; q < group_end[p] && !found; ++q) {
-          const Action& b = schedule[p][q];
-          if (met[p][q] >= 0.0 || b.is_send() == a.is_send() || b.peer != r ||
-              transfer_key(b, p) != transfer_key(a, r)) {
-            continue;
-          }
-          met[r][k] = met[p][q] = std::max(post_time[r], post_time[p]) + costs.comm;
-          found = true;
-        }
-      }
-      all = all && found;
-    }
-    return all;
-  };
+  std::map<TransferKey, std::deque<double>> issued;  // send times not yet received
 
   bool progress = true;
   while (progress) {
@@ -119,25 +218,6 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
           result.busy[r] += d;
           live[r] += a.op == Op::kForward ? 1 : -1;
           result.max_live_activations[r] = std::max(result.max_live_activations[r], live[r]);
-        } else if (rendezvous) {
-          if (!posting(r)) {  // arrive at a new group and post it
-            size_t e = pc[r] + 1;
-            if (transfers == Transfers::kGrouped) {
-              while (e < list.size() && !list[e].is_compute()) ++e;
-            }
-            group_end[r] = e;
-            post_time[r] = clock[r];
-          }
-          if (!match_group(r)) break;  // wait for the peers
-          double done = clock[r];
-          for (size_t k = pc[r]; k < group_end[r]; ++k) {
-            result.timings[r].push_back({post_time[r], met[r][k]});
-            done = std::max(done, met[r][k]);
-          }
-          clock[r] = done;
-          pc[r] = group_end[r];
-          progress = true;
-          continue;
         } else if (a.is_send()) {
           issued[transfer_key(a, r)].push_back(clock[r]);
         } else {
@@ -157,16 +237,10 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
   std::ostringstream stuck;
   for (int r = 0; r < n; ++r) {
     if (pc[r] == schedule[r].size()) continue;
-    size_t k = pc[r];
-    if (rendezvous) {  // name the first transfer of the group that found no partner
-      while (k + 1 < group_end[r] && met[r][k] >= 0.0) ++k;
-    }
-    const Action& a = schedule[r][k];
+    const Action& a = schedule[r][pc[r]];
     if (stuck.tellp() > 0) stuck << "\n";
-    stuck << "rank " << r << " waits forever at action #" << k << " '" << to_string(a) << "': "
-          << (rendezvous ? "its peer is not posting the matching transfer"
-                         : "no matching send was issued")
-          << "; " << describe_position(schedule, pc, a.peer);
+    stuck << "rank " << r << " waits forever at action #" << pc[r] << " '" << to_string(a)
+          << "': no matching send was issued; " << describe_position(schedule, pc, a.peer);
   }
   result.deadlock_reason = stuck.str();
   result.ok = result.deadlock_reason.empty();

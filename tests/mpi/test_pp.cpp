@@ -24,6 +24,12 @@ comm::Communicator& world() {
   return *comm;
 }
 
+// The pipeline's gradient channel (pp_train uses a second communicator too).
+comm::Communicator& grad_comm() {
+  static auto comm = comm::make_mpi_communicator();
+  return *comm;
+}
+
 // The tiny preset with 4 blocks (4 stages fit), no dropout, a small vocabulary (fast head).
 model::GPT2Config small_config() {
   auto c = model::preset("tiny");
@@ -67,7 +73,7 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
   run.model = model::GPT2(config, model::LayerRange{r.begin, r.end});
   run.model->reset_parameters(kSeed);
   run.stage = std::make_unique<pipeline::GptStage>(run.model, m, /*bf16=*/false);
-  run.transport = std::make_unique<pipeline::CommTransport>(comm);
+  run.transport = std::make_unique<pipeline::CommTransport>(comm, grad_comm());
   run.executor = std::make_unique<pipeline::Executor>(
       *run.stage, *run.transport,
       pipeline::make_schedule(kind, m, comm.size())[static_cast<size_t>(comm.rank())], comm.rank(),

@@ -51,11 +51,11 @@ class DoneWork : public comm::Work {
   bool is_completed() override { return true; }
 };
 
-// Receives are filled with 1s; sends are kept; the size of every posted group is recorded.
+// Receives are filled with 1s; sends are kept; the channel of every transfer is recorded.
 class FakeTransport : public Transport {
  public:
   explicit FakeTransport(int s, std::vector<std::string>* log) : s_(s), log_(log) {}
-  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops) override {
+  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops, Channel channel) override {
     std::vector<comm::WorkPtr> works;
     for (auto& op : ops) {
       if (op.kind == comm::P2POp::Kind::kSend) {
@@ -66,12 +66,12 @@ class FakeTransport : public Transport {
         op.tensor.fill_(1.0);
       }
       works.push_back(std::make_unique<DoneWork>());
+      channels.push_back(channel);
     }
-    group_sizes.push_back(static_cast<int>(ops.size()));
     return works;
   }
   std::vector<torch::Tensor> sent;
-  std::vector<int> group_sizes;
+  std::vector<Channel> channels;
 
  private:
   int s_;
@@ -126,23 +126,7 @@ TEST(Executor, RunsExactlyTheScheduleOnEveryRank) {
   }
 }
 
-// Runs of consecutive transfer actions, as the executor must post them (one group each).
-std::vector<int> expected_groups(const RankActions& actions) {
-  std::vector<int> sizes;
-  bool in_run = false;
-  for (const auto& a : actions) {
-    if (a.is_compute()) {
-      in_run = false;
-    } else {
-      if (!in_run) sizes.push_back(0);
-      ++sizes.back();
-      in_run = true;
-    }
-  }
-  return sizes;
-}
-
-TEST(Executor, PostsEachRunOfTransfersAsOneGroup) {
+TEST(Executor, PostsActivationsAndGradientsOnTheirOwnChannels) {
   for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
     for (int n : {2, 3, 4}) {
       const auto schedule = make_schedule(kind, 4, n);
@@ -150,16 +134,18 @@ TEST(Executor, PostsEachRunOfTransfersAsOneGroup) {
         std::vector<std::string> log;
         FakeStage stage(s, n, &log);
         FakeTransport transport(s, &log);
-        Executor(stage, transport, schedule[static_cast<size_t>(s)], s, torch::kCPU).run_step(0, 0);
-        EXPECT_EQ(transport.group_sizes, expected_groups(schedule[static_cast<size_t>(s)]))
-            << to_string(kind) << " n=" << n << " stage " << s;
+        const auto& actions = schedule[static_cast<size_t>(s)];
+        Executor(stage, transport, actions, s, torch::kCPU).run_step(0, 0);
+        std::vector<Channel> want;
+        for (const auto& a : actions) {
+          if (a.is_compute()) continue;
+          const bool act = a.op == Action::Op::kSendActivation || a.op == Action::Op::kRecvActivation;
+          want.push_back(act ? Channel::kActivations : Channel::kGradients);
+        }
+        EXPECT_EQ(transport.channels, want) << to_string(kind) << " n=" << n << " stage " << s;
       }
     }
   }
-  // 1F1B's steady state on the first of 2 stages: the send of F(i+1) goes with the receive of
-  // B(i) (Megatron's send_forward_recv_backward).
-  const auto first = make_schedule(ScheduleKind::kOneFOneB, 4, 2)[0];
-  EXPECT_EQ(expected_groups(first), (std::vector<int>{1, 2, 2, 2, 1}));
 }
 
 TEST(Executor, SendsActivationsAndInputGradientsAndAccumulates) {

@@ -94,7 +94,8 @@ class DeviceClock {
 // CUDA, the libtorch has the kernel (2.1+) and every parameter with a gradient is a CUDA tensor of
 // one dtype; otherwise the per-parameter step of torch::optim::AdamW. The update is the same
 // decoupled-weight-decay AdamW either way, and the state stays torch::optim::AdamW's (exp_avg,
-// exp_avg_sq, step), so checkpoints load into either path.
+// exp_avg_sq, step), so checkpoints load into either path. GPT2P_FUSED_ADAMW=0 in the environment
+// forces the per-parameter path (to compare the two).
 class FusedAdamW : public torch::optim::AdamW {
  public:
   FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions options);

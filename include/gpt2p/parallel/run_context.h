@@ -22,6 +22,9 @@ struct RunContext {
   Topology topo;
   torch::Device device{torch::kCPU};
   std::unique_ptr<comm::Communicator> comm;  // NCCL on cuda, MPI on cpu
+  // pp_train only: a second communicator (own NCCL stream) for the pipeline's gradient transfers,
+  // so activations and gradients never queue behind each other (pipeline/executor.h).
+  std::unique_ptr<comm::Communicator> grad_comm;
   data::BpeTokenizer tokenizer;
   data::SpecialTokens special;
   model::GPT2Config model_config;

@@ -1,17 +1,22 @@
 // The pipeline executor: one rank, one stage, one action list (schedule.h's make_schedule()[rank]).
 //
 // It interprets the list in order and holds no scheduling logic:
-//   SEND_* / RECV_*  a run of consecutive transfer actions is posted as one group (one NCCL group:
-//                    see communicator.h and schedule.h); a receive is waited for by the F / B that
-//                    needs it
+//   SEND_* / RECV_*  posted asynchronously on the channel of their direction (activations or
+//                    gradients); a receive is waited for by the F / B that needs it
 //   F                runs the stage; keeps the input (requires_grad on non-first stages) and output
 //   SEND_F / SEND_B  post an asynchronous send of the output / the input's gradient; the sends are
 //                    waited for at the end of the step (their buffers stay alive until then)
 //   B                loss.backward() on the last stage, backward({output}, {grad}) elsewhere;
 //                    gradients accumulate over the micro-batches
 // Transfers go through a Transport, so tests can run a stage with a recording fake and no MPI.
-// On NCCL, the groups are queued on the communicator's stream in the list's order; waits order
-// torch's stream after them without blocking the host.
+// Channels: NCCL queues point-to-point calls on a communicator's one stream, each waiting there for
+// its partner, so activations and gradients sharing a stream can deadlock (1F1B: stage 0 sends
+// F1 while stage 1 sends B0; simulator.h, Transfers::kOneStream). Grouping the pair into one NCCL
+// group was seen on 2xH200 to hang GPipe and model_parallel (a group's receive held back its
+// send). Two communicators, one per direction, keep each stream in micro-batch order on both
+// sides of every link, which cannot deadlock for any schedule the simulator accepts
+// (Transfers::kStreamPerDirection). Waits order torch's stream after the transfer without
+// blocking the host.
 //
 // Timing: every action gets a start and end mark on a compat::DeviceClock (CUDA events on GPUs,
 // host clock on CPUs) read once at the end of the step.
@@ -31,22 +36,27 @@
 
 namespace gpt2p::pipeline {
 
-// Point-to-point transfers of one rank. post() starts one group of transfers together and returns
-// at once with one Work per op, in order.
+enum class Channel { kActivations, kGradients };
+
+// Point-to-point transfers of one rank. post() starts the transfers of one channel and returns at
+// once with one Work per op, in order.
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops) = 0;
+  virtual std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops, Channel channel) = 0;
 };
 
-// A Communicator's batch_isend_irecv (tag 0: messages match in call order per pair).
+// One Communicator per channel (tag 0: messages match in call order per pair). The two may be the
+// same object for backends whose calls never block (MPI).
 class CommTransport : public Transport {
  public:
-  explicit CommTransport(comm::Communicator& comm) : comm_(comm) {}
-  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops) override;
+  CommTransport(comm::Communicator& activations, comm::Communicator& gradients)
+      : activations_(activations), gradients_(gradients) {}
+  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops, Channel channel) override;
 
  private:
-  comm::Communicator& comm_;
+  comm::Communicator& activations_;
+  comm::Communicator& gradients_;
 };
 
 struct StepTimes {

@@ -11,12 +11,12 @@
 //    - kBuffered (MPI, whose sends never wait): a SEND is issued and completes at once; a RECV
 //      completes when the matching SEND (same kind, micro-batch, from, to; FIFO among equal ones)
 //      has been issued, at max(now, send time + comm); until then the rank waits;
-//    - kGrouped (NCCL, what the executor does): every run of consecutive SEND/RECV actions is one
-//      group, posted at once; the rank waits until every transfer of the group has met its
-//      partner, which must be in the group its peer is posting at the same time; a transfer
-//      completes at comm after the later of the two posts;
-//    - kUngrouped: the same rendezvous with every transfer its own group (NCCL calls issued one by
-//      one on one stream), to show which plans need the grouping;
+//    - kOneStream (NCCL, every transfer of a rank on one stream): the rank's compute runs in list
+//      order, each F/B after the receive it needs; a transfer is posted on the stream once the
+//      previous transfer there has ended and the compute listed before it has ended (the event
+//      the executor records), and it ends comm after both it and its partner are posted;
+//    - kStreamPerDirection (what pp_train does on GPUs): the same with one stream for activations
+//      and one for gradients;
 //  * when no rank can progress and some have actions left, the plan deadlocks: the result names
 //    each stuck rank, the action it waits at, and where its peer is.
 #pragma once
@@ -37,7 +37,7 @@ struct SimCosts {
   double comm = 0.0;
 };
 
-enum class Transfers { kBuffered, kGrouped, kUngrouped };
+enum class Transfers { kBuffered, kOneStream, kStreamPerDirection };
 
 struct ActionTiming {
   double start = 0.0;
