@@ -24,14 +24,15 @@ run fp32_1gpu 1 "${fp32[@]}" --batch-size 64 "${nosave[@]}"
 bf16=(--precision bf16 --seq-len 1024 --max-train-pairs ${DP_BF16_PAIRS:-1280})
 run bf16_1gpu 1 "${bf16[@]}" --batch-size 16 "${nosave[@]}"
 if [ "$ngpu" -ge 2 ]; then
-  for sync in bucketed per-param; do
+  for sync in ${DP_SYNCS:-bucketed per-param}; do
     save=("${nosave[@]}"); [ $sync = per-param ] && save=(--save-every 0)
     run fp32_2gpu_$sync 2 "${fp32[@]}" --batch-size 128 --grad-sync $sync "${save[@]}"
+    [ $sync = per-param ] && [ "${DP_BF16_PER_PARAM:-1}" = 0 ] && continue
     run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync "${nosave[@]}"
   done
   anchor_configs="64x128xfp32,16x1024xbf16"
 else
   anchor_configs="64x128xfp32,16x1024xbf16"
 fi
-CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout 400 python3 "$anchors/ddp_anchor.py" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err"
+[ "${DP_ANCHOR:-1}" = 1 ] && CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout ${DP_ANCHOR_TIMEOUT:-400} python3 "$anchors/ddp_anchor.py" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err"
 python3 scripts/device/bench_table.py dp "$runs" "$out/ddp_anchor.jsonl" --json "$out/dp_summary.json" | tee "$out/dp_table.txt"

@@ -21,9 +21,9 @@ run() {  # name flags...
   timeout ${PP_RUN_TIMEOUT:-75} mpirun -np 2 "$bin/pp_train" "${common[@]}" --out "$runs/$name" "$@" \
     >>"$out/pp.log" 2>&1 || echo "!! $name failed (rc $?)" | tee -a "$out/pp.log"
 }
-fp32=(--epochs 2 --precision fp32 --batch-size 64 --seq-len 128 --max-train-pairs ${PP_FP32_PAIRS:-640})
-bf16=(--epochs 2 --precision bf16 --batch-size 32 --seq-len 1024 --max-train-pairs ${PP_BF16_PAIRS:-320})
-hw5=(--epochs 3 --precision fp32 --batch-size 96 --seq-len 128 --max-train-pairs ${PP_HW5_PAIRS:-960})
+fp32=(--epochs ${PP_EPOCHS:-2} --precision fp32 --batch-size 64 --seq-len 128 --max-train-pairs ${PP_FP32_PAIRS:-640})
+bf16=(--epochs ${PP_EPOCHS:-2} --precision bf16 --batch-size 32 --seq-len 1024 --max-train-pairs ${PP_BF16_PAIRS:-320})
+hw5=(--epochs ${PP_HW5_EPOCHS:-3} --precision fp32 --batch-size 96 --seq-len 128 --max-train-pairs ${PP_HW5_PAIRS:-960})
 for setting in fp32 bf16; do
   declare -n flags=$setting
   run ${setting}_mp "${flags[@]}" --mode model_parallel
@@ -31,10 +31,12 @@ for setting in fp32 bf16; do
   for m in ${PP_MS_GPIPE:-4 8}; do run ${setting}_gpipe_m$m "${flags[@]}" --schedule gpipe --microbatches $m; done
 done
 run hw5_mp "${hw5[@]}" --mode model_parallel
-for m in 2 4 8; do run hw5_1f1b_m$m "${hw5[@]}" --schedule 1f1b --microbatches $m; done
-run hw5_gpipe_m2 "${hw5[@]}" --schedule gpipe --microbatches 2
-run fp32_mp_uniform "${fp32[@]}" --mode model_parallel --partition uniform
-run fp32_1f1b_m8_uniform "${fp32[@]}" --schedule 1f1b --microbatches 8 --partition uniform
+for m in ${PP_HW5_MS:-2 4 8}; do run hw5_1f1b_m$m "${hw5[@]}" --schedule 1f1b --microbatches $m; done
+[ "${PP_HW5_GPIPE:-1}" = 1 ] && run hw5_gpipe_m2 "${hw5[@]}" --schedule gpipe --microbatches 2
+if [ "${PP_UNIFORM:-1}" = 1 ]; then
+  run fp32_mp_uniform "${fp32[@]}" --mode model_parallel --partition uniform
+  run fp32_1f1b_m8_uniform "${fp32[@]}" --schedule 1f1b --microbatches 8 --partition uniform
+fi
 SCHEDULES=${PP_ANCHOR_SCHEDULES:-gpipe:4,gpipe:8,onef1b:4,onef1b:8} PYTHONUNBUFFERED=1 \
   timeout ${PP_ANCHOR_TIMEOUT:-200} python3 "$anchors/pp_anchor.py" >"$out/pp_anchor.jsonl" 2>"$out/pp_anchor.err"
 python3 scripts/device/bench_table.py pp "$runs" "$out/pp_anchor.jsonl" --json "$out/pp_summary.json" | tee "$out/pp_table.txt"

@@ -242,7 +242,7 @@ bool FusedAdamW::fused_step() {
         device_steps_[slot] = torch::full({}, static_cast<float>(st.step()),
                                           p.options().dtype(torch::kFloat32));
       }
-      st.step(st.step() + 1);  // the kernel adds 1 to the device count before it updates
+      st.step(st.step() + 1);  // the device counts get their +1 below, before the kernel
       synced_steps_[slot] = st.step();
       params.push_back(p);
       grads.push_back(p.grad());
@@ -252,6 +252,9 @@ bool FusedAdamW::fused_step() {
       ++slot;
     }
     if (params.empty()) continue;
+    // As torch.optim's _fused_adamw does: the kernel reads the step count, it does not advance it
+    // (a count of 0 would divide by a zero bias correction).
+    at::_foreach_add_(steps, 1);
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr(),
                       std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
                       /*amsgrad=*/false, /*maximize=*/false);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "gpt2p/core/compat.h"
 
 namespace gpt2p::testing {
@@ -38,8 +40,11 @@ inline double fused_adamw_difference(const torch::Device& device, int steps, boo
   }
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    const auto diff = (a[i] - b[i]).abs().max().item<double>();
-    worst = std::max(worst, diff / (b[i].abs().max().item<double>() + 1e-12));
+    const double diff = (a[i] - b[i]).abs().max().item<double>();
+    const double rel = diff / (b[i].abs().max().item<double>() + 1e-12);
+    // std::max drops NaN: a NaN or infinite parameter must fail the comparison instead.
+    if (!std::isfinite(rel) || !torch::isfinite(a[i]).all().item<bool>()) return INFINITY;
+    worst = std::max(worst, rel);
   }
   return worst;
 }
