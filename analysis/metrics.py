@@ -119,12 +119,34 @@ def step_breakdown(run: Run, warmup: Optional[int] = None) -> List[Dict[str, flo
     return out
 
 
+def clock_offset(rank, ref) -> float:
+    """Seconds to subtract from `rank`'s times to put them on `ref`'s clock. Every rank stamps times
+    on its own clock from its own start, and those starts (and, across nodes, the clocks) differ.
+    A pipeline step ends with the loss broadcast, which every rank leaves within microseconds of
+    the others, so the median difference of the steps' end times is the offset."""
+    a, b = rank.table("steps"), ref.table("steps")
+    if not a or not b or not len(a["step"]) or not len(b["step"]):
+        return 0.0
+    common, ia, ib = np.intersect1d(a["step"], b["step"], return_indices=True)
+    if common.size == 0:
+        return 0.0
+    return float(np.median(a["end"][ia] - b["end"][ib]))
+
+
 def actions(run: Run) -> Dict[str, np.ndarray]:
-    """All ranks' /actions rows concatenated (empty columns when the run recorded none)."""
+    """All ranks' /actions rows concatenated (empty columns when the run recorded none), with
+    every rank's times moved onto the last stage's clock (clock_offset)."""
     cols = ("step", "stage", "op", "microbatch", "start", "end", "bytes_sent", "bytes_recv")
-    parts = [r.table("actions") for r in run.ranks if r.rows("actions")]
-    if not parts:
+    ranks = [r for r in run.ranks if r.rows("actions")]
+    if not ranks:
         return {c: np.zeros(0) for c in cols}
+    ref = run.ranks[-1]
+    parts = []
+    for r in ranks:
+        t = dict(r.table("actions"))
+        off = clock_offset(r, ref)
+        t["start"], t["end"] = t["start"] - off, t["end"] - off
+        parts.append(t)
     return {c: np.concatenate([p[c] for p in parts]) for c in cols}
 
 

@@ -2,8 +2,9 @@
 per forward/backward micro-batch, communication as thin boxes below, bubbles left blank) and the
 whole run as a Chrome/Perfetto trace (chrome://tracing or ui.perfetto.dev).
 
-Times are each rank's own clock (seconds since that rank started the run); ranks start together
-after the set-up barrier, so cross-stage alignment is good to the barrier's skew."""
+Times are each rank's own clock (seconds since that rank started the run), moved onto the last
+stage's clock by metrics.clock_offset (the loss broadcast that ends every step is the common
+point), so stages line up even when ranks started apart or run on different nodes."""
 
 from __future__ import annotations
 

@@ -22,10 +22,12 @@ def our_run(run_dir):
     if not ranks:
         return None
     per_rank_time, per_rank_tok, step_times, step_tokens, peaks = [], [], [], 0, []
+    pipeline = False
     cfg = {}
     for path in ranks:
         with h5py.File(path, "r") as f:
             cfg = json.loads(f.attrs["config"])
+            pipeline = "stage" in f.attrs  # pp_train records its stage
             ep = f["epochs"]
             keep = ep["epoch"][:] >= 1 if len(ep["epoch"]) > 1 else slice(None)
             per_rank_time.append(np.asarray(ep["train_time"][:])[keep])
@@ -36,8 +38,12 @@ def our_run(run_dir):
             step_tokens += int(st["padded_tokens"][0])
             if "peak_memory_bytes" in ep:
                 peaks.append(float(np.max(ep["peak_memory_bytes"][:])))
+    # The stages of a pp_train run all work on the same batch: one replica, so its tokens are
+    # counted once (mean over ranks); dp ranks are replicas (HW5: sum over ranks).
     epoch_time = np.mean(per_rank_time, axis=0)       # mean over ranks, per epoch
-    epoch_tok = np.sum(per_rank_tok, axis=0)          # sum over ranks, per epoch
+    epoch_tok = (np.mean if pipeline else np.sum)(per_rank_tok, axis=0)
+    if pipeline:
+        step_tokens //= len(ranks)
     med_step = float(np.median(np.max(np.stack(step_times), axis=0)))
     return dict(world=len(ranks), precision=cfg.get("precision"), seq=cfg.get("seq_len"),
                 batch=cfg.get("batch_size"), sync=cfg.get("grad_sync"),

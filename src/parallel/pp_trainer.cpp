@@ -133,6 +133,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     std::fflush(stdout);
   }
 
+  // One start for all ranks: every rank's times count from here, so stages line up in timelines.
+  ctx.comm->barrier();
   const auto run_start = Clock::now();
   const int64_t per_epoch = data.batches_per_epoch();
   compat::DeviceClock clock(ctx.device, 3);

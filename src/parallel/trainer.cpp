@@ -84,6 +84,8 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     std::fflush(stdout);
   }
 
+  // One start for all ranks: every rank's times count from here, so stages line up in timelines.
+  ctx.comm->barrier();
   const auto run_start = Clock::now();
   const int64_t per_epoch = data.batches_per_epoch();
   compat::DeviceClock clock(ctx.device, 2 * cfg.grad_accum + 3);
@@ -177,8 +179,12 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       }
     }
     if (rank == 0) {
-      std::printf("epoch %lld: validation loss %.4f perplexity %.2f, BLEU (%d test pairs) %.2f\n",
-                  static_cast<long long>(epoch + 1), val.loss, val.perplexity, cfg.translate_samples, bleu);
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f", static_cast<long long>(epoch + 1),
+                  val.loss, val.perplexity);
+      if (cfg.translate_samples > 0) {
+        std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg.translate_samples), bleu);
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
     recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, bleu, ctx.device));
