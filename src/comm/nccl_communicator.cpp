@@ -5,6 +5,7 @@
 //   current stream --[ready event]--> our stream: NCCL kernels --[done event]--> Work
 //   Work::wait():        current stream waits on `done` (no host block), then copies back
 //   Work::synchronize(): host polls `done` and ncclCommGetAsyncError until the timeout
+// The Work, its event and the shared communicator state live in nccl_work.h.
 #include "gpt2p/comm/nccl_communicator.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -19,9 +20,16 @@
 
 #include "gpt2p/comm/cuda_check.h"
 #include "gpt2p/comm/mpi_communicator.h"
+#include "nccl_work.h"
 
 namespace gpt2p::comm {
 namespace {
+
+using nccl::Event;
+using nccl::NcclState;
+using nccl::NcclWork;
+using nccl::stage;
+using nccl::Staged;
 
 ncclDataType_t nccl_type(torch::ScalarType t) {
   switch (t) {
@@ -42,118 +50,6 @@ ncclDataType_t nccl_type(torch::ScalarType t) {
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
-
-// A CUDA event without timing, owned.
-class Event {
- public:
-  Event() { GPT2P_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
-  ~Event() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  void record(cudaStream_t s) { GPT2P_CUDA_CHECK(cudaEventRecord(event_, s)); }
-  void block(cudaStream_t s) { GPT2P_CUDA_CHECK(cudaStreamWaitEvent(s, event_, 0)); }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-// The NCCL communicator, shared by the Communicator and its Works (a Work may outlive a call).
-struct NcclState {
-  ncclComm_t comm = nullptr;
-  int device = 0;
-  std::chrono::milliseconds timeout{60000};
-  bool aborted = false;
-
-  ~NcclState() {
-    if (comm != nullptr && !aborted) {
-      cudaSetDevice(device);
-      ncclCommDestroy(comm);
-    }
-  }
-
-  [[noreturn]] void abort_and_throw(const std::string& what, const char* file, int line) {
-    if (!aborted) ncclCommAbort(comm);
-    aborted = true;
-    ::gpt2p::detail::throw_error(
-        what + " (the NCCL communicator was aborted)",
-        "a peer rank has probably died or diverged (made different calls); look "
-        "at the other ranks' errors, rerun with NCCL_DEBUG=WARN, or raise the "
-        "timeout if the step is legitimately slow",
-        file, line);
-  }
-};
-
-class NcclWork final : public Work {
- public:
-  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<Event> done,
-           std::vector<torch::Tensor> keep, std::function<void()> finish)
-      : state_(std::move(state)),
-        done_(std::move(done)),
-        keep_(std::move(keep)),
-        finish_(std::move(finish)) {}
-
-  void wait() override {
-    if (waited_) return;
-    waited_ = true;
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(state_->device));
-    done_->block(c10::cuda::getCurrentCUDAStream(state_->device).stream());
-    if (finish_) finish_();  // copy-backs, queued on the current stream after the wait
-  }
-
-  void synchronize() override {
-    const auto start = std::chrono::steady_clock::now();
-    while (!is_completed()) {
-      ncclResult_t async_error = ncclSuccess;
-      GPT2P_NCCL_CHECK(ncclCommGetAsyncError(state_->comm, &async_error));
-      if (async_error != ncclSuccess && async_error != ncclInProgress) {
-        state_->abort_and_throw(
-            std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async_error),
-            __FILE__, __LINE__);
-      }
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited > state_->timeout) {
-        state_->abort_and_throw("NCCL operation did not complete within " +
-                                    std::to_string(state_->timeout.count()) + " ms",
-                                __FILE__, __LINE__);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    wait();
-    if (finish_) c10::cuda::getCurrentCUDAStream(state_->device).synchronize();
-  }
-
-  bool is_completed() override {
-    const cudaError_t rc = cudaEventQuery(done_->get());
-    if (rc == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: clear it so later checks do not see it
-      return false;
-    }
-    GPT2P_CUDA_CHECK(rc);
-    return true;
-  }
-
- private:
-  std::shared_ptr<NcclState> state_;
-  std::shared_ptr<Event> done_;  // shared by the Works of one batch_isend_irecv
-  std::vector<torch::Tensor> keep_;
-  std::function<void()> finish_;
-  bool waited_ = false;
-};
-
-// A contiguous tensor for NCCL to work in, and the copy back into the caller's tensor if needed.
-struct Staged {
-  torch::Tensor buffer;
-  std::function<void()> finish;
-};
-
-Staged stage(torch::Tensor& tensor) {
-  if (tensor.is_contiguous()) return {tensor, nullptr};
-  torch::Tensor buffer = tensor.contiguous();  // on the current stream, before the ready event
-  return {buffer, [tensor, buffer]() mutable { tensor.copy_(buffer); }};
-}
 
 int pick_device(const Topology& topo) {
   int count = 0;
