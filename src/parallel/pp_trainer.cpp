@@ -187,18 +187,12 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       rec.lr = cfg.lr;
       finish_step(recorder, rec, totals,
                   {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, 1.0});
-      ++step;
-      if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
-      if (cfg.max_steps > 0 && step >= cfg.max_steps) {
+      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); })) {
         done = true;
         break;
       }
     }
-    // Where a resume continues: the next batch of this epoch if --max-steps cut it short.
-    const data::SamplerPosition resume_at =
-        done ? data.position() : data::SamplerPosition{epoch + 1, 0};
-    data.set_position({epoch + 1, 0});
-    print_epoch_time(epoch, rank, totals.time, totals.tokens);
+    const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals);
     model->eval();
     const auto val = pipeline_validation_loss(model, *ctx.comm, data.dataset().split("validation"),
                                               cfg.max_eval_pairs, cfg.batch_size / m, cfg.seq_len,

@@ -66,6 +66,22 @@ void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTota
   }
 }
 
+bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
+                  const std::function<void()>& save) {
+  ++step;
+  if (save_every > 0 && step % save_every == 0) save();
+  return max_steps > 0 && step >= max_steps;
+}
+
+data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,
+                                const EpochTotals& totals) {
+  const data::SamplerPosition resume_at =
+      stopped ? data.position() : data::SamplerPosition{epoch + 1, 0};
+  data.set_position({epoch + 1, 0});
+  print_epoch_time(epoch, rank, totals.time, totals.tokens);
+  return resume_at;
+}
+
 io::EpochRecord epoch_record(int64_t epoch, const EpochTotals& totals, double val_loss,
                              double val_ppl, double bleu, const torch::Device& device) {
   io::EpochRecord er;

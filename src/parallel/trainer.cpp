@@ -151,19 +151,13 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       rec.lr = cfg.lr;
       finish_step(recorder, rec, totals,
                   {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, static_cast<double>(world)});
-      ++step;
-      if (cfg.save_every > 0 && step % cfg.save_every == 0) save(epoch, b + 1);
-      if (cfg.max_steps > 0 && step >= cfg.max_steps) {
+      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); })) {
         done = true;
         break;
       }
     }
-    // Where a resume continues: the next batch of this epoch if --max-steps cut it short.
-    const data::SamplerPosition resume_at =
-        done ? data.position() : data::SamplerPosition{epoch + 1, 0};
-    data.set_position({epoch + 1, 0});
     // HW5's per-rank line, then evaluation (not part of the training time).
-    print_epoch_time(epoch, rank, totals.time, totals.tokens);
+    const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals);
     model->eval();
     const auto val = validation_loss(logits_fn, data.dataset().split("validation"),
                                      cfg.max_eval_pairs, micro, cfg.seq_len, data.special(), vocab,

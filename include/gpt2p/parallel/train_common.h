@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "gpt2p/data/batch.h"
 #include "gpt2p/io/run_record.h"
+#include "gpt2p/parallel/train_data.h"
 
 namespace gpt2p::parallel {
 
@@ -56,6 +58,17 @@ struct StepPlace {
 // row, add it to the epoch's totals, and print the progress line every log_every steps.
 void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTotals& totals,
                  const StepPlace& place);
+
+// After finish_step: counts the step, calls `save` every `save_every` steps (> 0), and returns true
+// when `max_steps` (> 0) is reached and the run must stop.
+bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
+                  const std::function<void()>& save);
+
+// The epoch boundary: returns where a resume continues (the next batch of this epoch when the run
+// stopped inside it, else the start of the next epoch), moves `data` to the next epoch and prints
+// HW5's per-rank line.
+data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,
+                                const EpochTotals& totals);
 
 // The /epochs row of an epoch: HW5's time and tokens/s from `totals`, the validation result, BLEU
 // (NaN when not measured) and the device's peak memory.
