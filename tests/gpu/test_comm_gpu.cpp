@@ -6,24 +6,17 @@
 
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/core/error.h"
+#include "support/errors.h"
 
 namespace gpt2p::comm {
 namespace {
+
+using gpt2p::testing::error_of;
 
 using ::testing::HasSubstr;
 
 const std::vector<torch::ScalarType> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kInt32,
                                                 torch::kInt64, torch::kBFloat16};
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Rank r's input on the CPU: (r + 1) * (1, 2, 3, ...), exact in every dtype.
 torch::Tensor rank_values(int r, std::vector<int64_t> shape, torch::ScalarType dtype) {

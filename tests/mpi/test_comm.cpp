@@ -8,9 +8,12 @@
 
 #include "gpt2p/comm/mpi_communicator.h"
 #include "gpt2p/core/error.h"
+#include "support/errors.h"
 
 namespace gpt2p::comm {
 namespace {
+
+using gpt2p::testing::error_of;
 
 using ::testing::HasSubstr;
 
@@ -18,16 +21,6 @@ const std::vector<torch::ScalarType> kDtypes = {torch::kFloat32, torch::kFloat64
                                                 torch::kInt64, torch::kBFloat16};
 
 // The message of the gpt2p::Error that f throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // Rank r's input: (r + 1) * (1, 2, 3, ...) in `dtype`. Small integers: exact in bfloat16 too.
 torch::Tensor rank_values(int r, std::vector<int64_t> shape, torch::ScalarType dtype) {
   int64_t n = 1;

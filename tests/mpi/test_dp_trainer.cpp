@@ -16,6 +16,7 @@
 #include "gpt2p/data/special_tokens.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/trainer.h"
+#include "support/h5_read.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -29,15 +30,7 @@ std::string vocab_dir() {
   return (repo / ".cache" / "gpt2-vocab").string();
 }
 
-std::vector<double> read_column(const std::string& path, const std::string& name) {
-  H5::H5File f(path, H5F_ACC_RDONLY);
-  H5::DataSet ds = f.openDataSet(name);
-  hsize_t n = 0;
-  ds.getSpace().getSimpleExtentDims(&n);
-  std::vector<double> v(n);
-  if (n > 0) ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
-  return v;
-}
+using gpt2p::testing::read_column;
 
 // 64 short German/English pairs tokenized with the real tokenizer (train, validation and test).
 void write_small_dataset(const std::string& path, const std::string& vocab) {

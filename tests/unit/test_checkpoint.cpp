@@ -16,9 +16,12 @@
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/model/safetensors.h"
 #include "support/temp_dir.h"
+#include "support/errors.h"
 
 namespace gpt2p::model {
 namespace {
+
+using gpt2p::testing::error_of;
 
 namespace fs = std::filesystem;
 
@@ -30,15 +33,6 @@ GPT2Config tiny_config(int64_t vocab = 100) {
   c.n_ctx = 16;
   c.dropout = 0.0;
   return c;
-}
-
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 torch::Tensor ids_for(const GPT2Config& c) {
@@ -80,12 +74,12 @@ TEST(SafeTensors, ErrorsNameTheFileAndTensor) {
   TempDir dir;
   write_safetensors(dir / "a.safetensors", {{"w", torch::ones({4, 4})}});
   fs::resize_file(dir / "a.safetensors", fs::file_size(dir / "a.safetensors") - 4);
-  const auto msg = error_text([&] { read_safetensors(dir / "a.safetensors"); });
+  const auto msg = error_of([&] { read_safetensors(dir / "a.safetensors"); });
   EXPECT_NE(msg.find("tensor 'w'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
-  EXPECT_NE(error_text([&] { read_safetensors(dir / "missing.safetensors"); }).find("cannot open"),
+  EXPECT_NE(error_of([&] { read_safetensors(dir / "missing.safetensors"); }).find("cannot open"),
             std::string::npos);
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               write_safetensors(dir / "b.safetensors", {{"x", torch::ones({2}, torch::kInt32)}});
             }).find("cannot write tensor 'x'"),
             std::string::npos);
@@ -152,7 +146,7 @@ TEST(HfCheckpoint, Conv1DTransposeAndPrefixesOnAHandMadeFile) {
   // A wrong shape names the tensor and both shapes.
   hf["transformer.h.0.mlp.c_fc.weight"] = torch::zeros({4, 8});
   write_safetensors(dir / "hf/model.safetensors", hf);
-  const auto msg = error_text([&] { import_hf(dir / "hf", *model); });
+  const auto msg = error_of([&] { import_hf(dir / "hf", *model); });
   EXPECT_NE(msg.find("'h.0.mlp.c_fc.weight' has shape [8, 4]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[16, 4]"), std::string::npos) << msg;
 }
@@ -247,7 +241,7 @@ TEST(Checkpoint, MismatchErrorsNameCheckpointParameterShapesAndFix) {
   GPT2Config wider = tiny_config();
   wider.n_embd = 128;
   GPT2 other(wider);
-  const auto msg = error_text([&] { load_checkpoint(dir / "ck", *other, nullptr); });
+  const auto msg = error_of([&] { load_checkpoint(dir / "ck", *other, nullptr); });
   EXPECT_NE(msg.find("checkpoint " + dir / "ck"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'wte.weight' has shape [128, 64] in the file but [128, 128] in the model"),
             std::string::npos)
@@ -262,16 +256,16 @@ TEST(Checkpoint, MismatchErrorsNameCheckpointParameterShapesAndFix) {
   GPT2Config deeper = tiny_config();
   deeper.n_layer = 1;
   GPT2 shallow(deeper);
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               load_checkpoint(dir / "ck", *shallow, nullptr);
             }).find("'h.1.attn.c_attn.bias' [192] that the model (layers [0, 3)) does not have"),
             std::string::npos);
   GPT2 same(tiny_config());
   torch::optim::SGD sgd2(same->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_NE(
-      error_text([&] { load_checkpoint(dir / "ck", *same, &sgd2); }).find("no optimizer state"),
+      error_of([&] { load_checkpoint(dir / "ck", *same, &sgd2); }).find("no optimizer state"),
       std::string::npos);
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               load_checkpoint(dir / "nothing", *same, nullptr);
             }).find("has no meta.json"),
             std::string::npos);

@@ -9,23 +9,16 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/corpus.h"
+#include "support/errors.h"
 
 namespace gpt2p::data {
 namespace {
 
+using gpt2p::testing::error_with_hint;
+
 std::string fixture(const std::string& name) {
   const char* dir = std::getenv("GPT2P_TEST_DATA");
   return std::string(dir != nullptr ? dir : "tests/data") + "/corpus/" + name;
-}
-
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | hint: " + e.hint();
-  }
-  return "(no error)";
 }
 
 TEST(Corpus, NormalizeWhitespace) {
@@ -75,7 +68,7 @@ TEST(Corpus, SplitIsDeterministicAndNearFractions) {
 }
 
 TEST(Corpus, SplitRejectsBadFractions) {
-  const auto text = error_text([] { split_of({"a", "b"}, SplitFractions{0.6, 0.5}); });
+  const auto text = error_with_hint([] { split_of({"a", "b"}, SplitFractions{0.6, 0.5}); });
   EXPECT_NE(text.find("validation=0.6 test=0.5"), std::string::npos) << text;
 }
 
@@ -83,7 +76,7 @@ TEST(Corpus, SplitCorpusGetByName) {
   SplitCorpus c;
   c.get("test").push_back({"a", "b"});
   EXPECT_EQ(c.test.size(), 1U);
-  const auto text = error_text([&] { c.get("dev"); });
+  const auto text = error_with_hint([&] { c.get("dev"); });
   EXPECT_NE(text.find("unknown split 'dev'"), std::string::npos) << text;
 }
 
@@ -98,16 +91,16 @@ TEST(Corpus, ReadJsonl) {
 
 TEST(Corpus, ReadJsonlErrorsNameFileAndLine) {
   const auto path = fixture("iwslt_bad_row.jsonl");
-  const auto text = error_text([&] { read_jsonl(path); });
+  const auto text = error_with_hint([&] { read_jsonl(path); });
   EXPECT_NE(text.find(path + ":2:"), std::string::npos) << text;
   EXPECT_NE(text.find("\"translation\""), std::string::npos) << text;
 
   const std::string broken = ::testing::TempDir() + "/broken_" + std::to_string(::getpid()) + ".jsonl";
   std::ofstream(broken) << "{\"translation\": {\"de\": \"a\", \"en\": \"b\"}}\n{not json\n";
-  const auto text2 = error_text([&] { read_jsonl(broken); });
+  const auto text2 = error_with_hint([&] { read_jsonl(broken); });
   EXPECT_NE(text2.find(broken + ":2: not valid JSON"), std::string::npos) << text2;
 
-  const auto text3 = error_text([] { read_jsonl("/nonexistent/x.jsonl"); });
+  const auto text3 = error_with_hint([] { read_jsonl("/nonexistent/x.jsonl"); });
   EXPECT_NE(text3.find("cannot open JSONL file /nonexistent/x.jsonl"), std::string::npos) << text3;
 }
 
@@ -119,13 +112,13 @@ TEST(Corpus, ReadParallel) {
 }
 
 TEST(Corpus, ReadParallelLineCountMismatch) {
-  const auto text = error_text(
+  const auto text = error_with_hint(
       [] { read_parallel(fixture("parallel_sample.de"), fixture("parallel_short.en")); });
   EXPECT_NE(text.find("has 4 lines but --en"), std::string::npos) << text;
   EXPECT_NE(text.find("has 2"), std::string::npos) << text;
   EXPECT_NE(text.find("same number of lines"), std::string::npos) << text;
   const auto missing =
-      error_text([] { read_parallel("/nonexistent.de", fixture("parallel_short.en")); });
+      error_with_hint([] { read_parallel("/nonexistent.de", fixture("parallel_short.en")); });
   EXPECT_NE(missing.find("cannot open --de file /nonexistent.de"), std::string::npos) << missing;
 }
 

@@ -9,21 +9,14 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/dataset_file.h"
+#include "support/errors.h"
 
 namespace gpt2p::data {
 namespace {
 
-namespace fs = std::filesystem;
+using gpt2p::testing::error_with_hint;
 
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | hint: " + e.hint();
-  }
-  return "(no error)";
-}
+namespace fs = std::filesystem;
 
 std::string temp_path(const std::string& name) {
   // One folder per test process: ctest runs the cases of this file in parallel.
@@ -64,18 +57,18 @@ TEST(Split, AddAndSpans) {
   EXPECT_EQ(s.src_tokens(), 4);
   EXPECT_EQ(s.tgt_tokens(), 6);
   EXPECT_EQ(s.text_de(1), "Größe ändern?");
-  const auto text = error_text([&] { s.src(3); });
+  const auto text = error_with_hint([&] { s.src(3); });
   EXPECT_NE(text.find("example index 3 is out of range [0, 3)"), std::string::npos) << text;
 }
 
 TEST(Split, FromArraysChecksConsistency) {
-  const auto text = error_text([] {
+  const auto text = error_with_hint([] {
     Split::from_arrays({1, 2}, {0, 2}, {3}, {"a"}, {"b"}, "f.h5:/train");
   });
   EXPECT_NE(text.find("f.h5:/train: example 0 has src length 3 but only 2 tokens"),
             std::string::npos)
       << text;
-  const auto text2 = error_text([] {
+  const auto text2 = error_with_hint([] {
     Split::from_arrays({1, 2}, {0, 1}, {1}, {"a"}, {"b"}, "f.h5:/test");
   });
   EXPECT_NE(text2.find("offsets run from 0 to 1 but there are 2 tokens"), std::string::npos)
@@ -125,7 +118,7 @@ TEST(DatasetFile, RewriteReplacesAtomically) {
   EXPECT_EQ(DatasetFile::open(path).split("test").size(), 1);
   // A failing write leaves the previous file intact and no temporary behind.
   splits.erase("validation");
-  const auto text = error_text([&] { write_dataset_file(path, sample_meta(), splits); });
+  const auto text = error_with_hint([&] { write_dataset_file(path, sample_meta(), splits); });
   EXPECT_NE(text.find("split 'validation' is missing"), std::string::npos) << text;
   EXPECT_EQ(DatasetFile::open(path).split("test").size(), 1);
   for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
@@ -137,33 +130,33 @@ TEST(DatasetFile, TokenizerMismatchSaysWhatToRerun) {
   write_dataset_file(path, sample_meta(), sample_splits());
   const auto d = DatasetFile::open(path);
   EXPECT_NO_THROW(d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50260));
-  const auto text = error_text([&] { d.require_tokenizer("gpt2-bpe:ffffffffffffffff", 50261); });
+  const auto text = error_with_hint([&] { d.require_tokenizer("gpt2-bpe:ffffffffffffffff", 50261); });
   EXPECT_NE(text.find("dataset " + path +
                       " was made with tokenizer gpt2-bpe:0123456789abcdef (vocab 50260) but this "
                       "run uses gpt2-bpe:ffffffffffffffff (vocab 50261)"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("rerun prepare_data with --vocab-dir"), std::string::npos) << text;
-  const auto text2 = error_text([&] { d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50257); });
+  const auto text2 = error_with_hint([&] { d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50257); });
   EXPECT_NE(text2.find("(vocab 50257)"), std::string::npos) << text2;
-  const auto text3 = error_text([&] { d.split("dev"); });
+  const auto text3 = error_with_hint([&] { d.split("dev"); });
   EXPECT_NE(text3.find("has no split 'dev'"), std::string::npos) << text3;
 }
 
 TEST(DatasetFile, OpenErrors) {
-  const auto missing = error_text([] { DatasetFile::open("/nonexistent/d.h5"); });
+  const auto missing = error_with_hint([] { DatasetFile::open("/nonexistent/d.h5"); });
   EXPECT_NE(missing.find("dataset file /nonexistent/d.h5 does not exist"), std::string::npos)
       << missing;
   EXPECT_NE(missing.find("prepare_data --out"), std::string::npos) << missing;
 
   const auto text_file = temp_path("not_hdf5.h5");
   std::ofstream(text_file) << "hello";
-  const auto not_h5 = error_text([&] { DatasetFile::open(text_file); });
+  const auto not_h5 = error_with_hint([&] { DatasetFile::open(text_file); });
   EXPECT_NE(not_h5.find("is not an HDF5 file"), std::string::npos) << not_h5;
 
   const auto other = temp_path("other.h5");
   { H5::H5File f(other, H5F_ACC_TRUNC); }
-  const auto not_ours = error_text([&] { DatasetFile::open(other); });
+  const auto not_ours = error_with_hint([&] { DatasetFile::open(other); });
   EXPECT_NE(not_ours.find("is an HDF5 file but not a gpt2p dataset"), std::string::npos)
       << not_ours;
 }

@@ -8,9 +8,12 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/gpt2.h"
+#include "support/errors.h"
 
 namespace gpt2p::model {
 namespace {
+
+using gpt2p::testing::error_of;
 
 GPT2Config small_config() {
   GPT2Config c = preset("tiny");
@@ -26,15 +29,6 @@ torch::Tensor random_ids(const GPT2Config& c, int64_t b, int64_t t, int64_t seed
   return torch::randint(0, c.vocab_size, {b, t}, torch::kLong);
 }
 
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 TEST(GPT2Config, PresetsAndPaddingAndValidation) {
   const auto g = preset("gpt2");
   EXPECT_EQ(g.n_layer, 12);
@@ -44,12 +38,12 @@ TEST(GPT2Config, PresetsAndPaddingAndValidation) {
   EXPECT_EQ(preset("gpt2-xl").n_head, 25);
   // 124M model with our padded vocab: 124.44M for HF's 50257 rows + 47 extra rows * 768.
   EXPECT_EQ(g.num_parameters(), 124439808 + (50304 - 50257) * 768);
-  const std::string msg = error_text([] { preset("gpt3"); });
+  const std::string msg = error_of([] { preset("gpt3"); });
   EXPECT_NE(msg.find("unknown GPT-2 model preset 'gpt3'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl"), std::string::npos) << msg;
   GPT2Config bad = g;
   bad.n_embd = 770;
-  EXPECT_NE(error_text([&] { bad.validate(); }).find("n_embd = 770"), std::string::npos);
+  EXPECT_NE(error_of([&] { bad.validate(); }).find("n_embd = 770"), std::string::npos);
 }
 
 TEST(GPT2Config, JsonRoundTripAndUnknownField) {
@@ -57,7 +51,7 @@ TEST(GPT2Config, JsonRoundTripAndUnknownField) {
   EXPECT_EQ(config_from_json(to_json(c)), c);
   auto j = to_json(c);
   j["n_layers"] = 3;
-  EXPECT_NE(error_text([&] { config_from_json(j); }).find("unknown GPT-2 config field 'n_layers'"),
+  EXPECT_NE(error_of([&] { config_from_json(j); }).find("unknown GPT-2 config field 'n_layers'"),
             std::string::npos);
 }
 
@@ -76,7 +70,7 @@ TEST(GPT2, ShapesAndParameterNames) {
   int64_t total = 0;
   for (const auto& p : model->parameters()) total += p.numel();
   EXPECT_EQ(total, c.num_parameters());
-  EXPECT_NE(error_text([&] { model->forward(random_ids(c, 1, 17, 1)); }).find("exceeds"),
+  EXPECT_NE(error_of([&] { model->forward(random_ids(c, 1, 17, 1)); }).find("exceeds"),
             std::string::npos);
 }
 
@@ -177,11 +171,11 @@ TEST(GPT2, StagesHoldTheFullModelsLayersAndChainToItsForward) {
   EXPECT_TRUE(torch::allclose(x, full->forward(ids), 1e-5, 1e-6));
   EXPECT_EQ(stages[1]->forward(stages[0]->forward(ids)).sizes(),
             (std::vector<int64_t>{2, 9, c.n_embd}));
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               GPT2(c, LayerRange{3, 6});
             }).find("layer range [3, 6)"),
             std::string::npos);
-  EXPECT_NE(error_text([&] { stages[1]->forward(ids); }).find("expects hidden states"),
+  EXPECT_NE(error_of([&] { stages[1]->forward(ids); }).find("expects hidden states"),
             std::string::npos);
 }
 
@@ -222,7 +216,7 @@ TEST(Loss, MaskedMeanOverRealVocabOnly) {
   auto other = labels.clone();
   other[0][2] = 3;
   EXPECT_NEAR(lm_loss(logits, other, mask, vocab).item<double>(), loss, 1e-6);
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               lm_loss(logits, labels, mask.narrow(1, 0, 2), vocab);
             }).find("does not match labels"),
             std::string::npos);

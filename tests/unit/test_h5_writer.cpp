@@ -8,21 +8,14 @@
 #include "gpt2p/io/h5_writer.h"
 #include "gpt2p/io/run_info.h"
 #include "support/temp_dir.h"
+#include "support/h5_read.h"
 
 namespace fs = std::filesystem;
 using gpt2p::io::H5Writer;
 
 namespace {
 
-std::vector<double> read_column(const std::string& path, const std::string& name) {
-  H5::H5File f(path, H5F_ACC_RDONLY);
-  H5::DataSet ds = f.openDataSet(name);
-  hsize_t n = 0;
-  ds.getSpace().getSimpleExtentDims(&n);
-  std::vector<double> v(n);
-  if (n > 0) ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
-  return v;
-}
+using gpt2p::testing::read_column;
 
 
 }  // namespace

@@ -9,18 +9,12 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/partition.h"
+#include "support/errors.h"
 
 namespace gpt2p::pipeline {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gpt2p::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using gpt2p::testing::error_of;
 
 // GPT-2 small (124M) at its full context.
 std::vector<double> gpt2_small_costs(int seq_len = 1024) {

@@ -8,19 +8,12 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/partitioner.h"
+#include "support/errors.h"
 
 namespace gpt2p::data {
 namespace {
 
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | hint: " + e.hint();
-  }
-  return "(no error)";
-}
+using gpt2p::testing::error_with_hint;
 
 TEST(Permutation, IsAPermutationAndSeeded) {
   const auto p = seeded_permutation(1000, 7);
@@ -64,9 +57,9 @@ TEST(Partitioner, HalvesLikeHw5) {
   EXPECT_EQ(uneven.use(0).size(), 4U);
   EXPECT_EQ(uneven.use(1).size(), 1U);
   EXPECT_EQ(uneven.use(2).size(), 0U);
-  const auto text = error_text([&] { part.use(2); });
+  const auto text = error_with_hint([&] { part.use(2); });
   EXPECT_NE(text.find("partition 2 does not exist (there are 2)"), std::string::npos) << text;
-  EXPECT_NE(error_text([] {
+  EXPECT_NE(error_with_hint([] {
               DataPartitioner(4, {0.7, 0.7}, 1);
             }).find("sum to 1.4 > 1"),
             std::string::npos);
@@ -102,12 +95,12 @@ TEST(Partitioner, SameSeedSameDifferentSeedDifferent) {
 }
 
 TEST(Partitioner, BatchMustDivide) {
-  const auto text = error_text([] { partition_dataset(0, 4, 128, 30, 1); });
+  const auto text = error_with_hint([] { partition_dataset(0, 4, 128, 30, 1); });
   EXPECT_NE(text.find("global batch size 30 does not divide over 4 ranks"), std::string::npos)
       << text;
   EXPECT_NE(text.find("multiple of the number of ranks (e.g. 28)"), std::string::npos) << text;
   EXPECT_NE(
-      error_text([] { partition_dataset(4, 4, 128, 32, 1); }).find("rank 4 is not in a world of 4"),
+      error_with_hint([] { partition_dataset(4, 4, 128, 32, 1); }).find("rank 4 is not in a world of 4"),
       std::string::npos);
 }
 
@@ -149,14 +142,14 @@ TEST(BatchSampler, ResumeGivesTheSameSequence) {
   BatchSampler c(idx, 4, 99);
   c.set_position(saved);
   for (int i = 17; i < 30; ++i) EXPECT_EQ(c.next(), run[i]) << "batch " << i;
-  const auto text = error_text([&] { c.set_position({0, 12}); });
+  const auto text = error_with_hint([&] { c.set_position({0, 12}); });
   EXPECT_NE(text.find("cannot resume at epoch 0 batch 12: an epoch has 12 batches"),
             std::string::npos)
       << text;
 }
 
 TEST(BatchSampler, TooFewExamples) {
-  const auto text = error_text([] { BatchSampler({1, 2}, 4, 0); });
+  const auto text = error_with_hint([] { BatchSampler({1, 2}, 4, 0); });
   EXPECT_NE(text.find("2 examples are fewer than one batch of 4"), std::string::npos) << text;
 }
 

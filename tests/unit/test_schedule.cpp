@@ -7,18 +7,12 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/schedule.h"
+#include "support/errors.h"
 
 namespace gpt2p::pipeline {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const gpt2p::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using gpt2p::testing::error_of;
 
 // One line per rank, written like the per-rank action lists in the header.
 Schedule ranks(const std::vector<std::string>& lines) {

@@ -16,9 +16,12 @@
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/byte_unicode.h"
 #include "support/temp_dir.h"
+#include "support/errors.h"
 
 namespace gpt2p::data {
 namespace {
+
+using gpt2p::testing::error_of;
 
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
@@ -61,16 +64,6 @@ void write(const fs::path& p, const std::string& content) {
 }
 
 using gpt2p::testing::TempDir;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(ByteUnicode, MapIsGpt2s) {
   const auto& map = byte_to_unicode();

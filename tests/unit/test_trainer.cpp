@@ -20,20 +20,14 @@
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_data.h"
 #include "support/temp_dir.h"
+#include "support/errors.h"
 
 namespace gpt2p::parallel {
 namespace {
 
-namespace fs = std::filesystem;
+using gpt2p::testing::error_of;
 
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+namespace fs = std::filesystem;
 
 model::GPT2Config small_config(int64_t vocab = 100) {
   auto c = model::preset("tiny");
@@ -226,15 +220,15 @@ TEST(GradSync, ErrorsNameTheProblem) {
   model::GPT2 model(small_config());
   const auto params = model->parameters();
   HalvingComm comm;
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               make_grad_sync("per-param", nullptr, params, 25, torch::kFloat32);
             }).find("gradient sync 'per-param' needs a communicator"),
             std::string::npos);
   const auto unknown =
-      error_text([&] { make_grad_sync("ring", &comm, params, 25, torch::kFloat32); });
+      error_of([&] { make_grad_sync("ring", &comm, params, 25, torch::kFloat32); });
   EXPECT_NE(unknown.find("unknown --grad-sync 'ring'"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("per-param or bucketed"), std::string::npos) << unknown;
-  EXPECT_NE(error_text([&] {
+  EXPECT_NE(error_of([&] {
               make_grad_sync("bucketed", &comm, params, 0, torch::kFloat32);
             }).find("--bucket-mb 0 is not positive"),
             std::string::npos);
@@ -353,13 +347,13 @@ TEST(TrainData, MaxTrainPairsAndErrors) {
   EXPECT_EQ(TrainData(opts, 0, 2).train_pairs(), 12);
   EXPECT_EQ(TrainData(opts, 0, 2).batches_per_epoch(), 2);  // 6 examples, batches of 3
   opts.global_batch = 18;
-  const auto few = error_text([&] { (void)TrainData(opts, 0, 2); });
+  const auto few = error_of([&] { (void)TrainData(opts, 0, 2); });
   EXPECT_NE(few.find("has 12 training pairs"), std::string::npos) << few;
   EXPECT_NE(few.find("fewer than one global batch of 18"), std::string::npos) << few;
   EXPECT_NE(few.find("--max-train-pairs"), std::string::npos) << few;
   auto other = options_for(dir / "d.h5");
   other.tokenizer_identity = "another";
-  const auto tok = error_text([&] { (void)TrainData(other, 0, 1); });
+  const auto tok = error_of([&] { (void)TrainData(other, 0, 1); });
   EXPECT_NE(tok.find("test-tokenizer"), std::string::npos) << tok;
   EXPECT_NE(tok.find("another"), std::string::npos) << tok;
 }
