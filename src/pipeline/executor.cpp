@@ -13,8 +13,10 @@ long long bytes_of(const torch::Tensor& t) {
 
 }  // namespace
 
-std::vector<comm::WorkPtr> CommTransport::post(std::vector<comm::P2POp>& ops, Channel channel) {
-  return (channel == Channel::kActivations ? activations_ : gradients_).batch_isend_irecv(ops);
+comm::WorkPtr CommTransport::post(comm::P2POp& op, Channel channel) {
+  auto& comm = channel == Channel::kActivations ? activations_ : gradients_;
+  return op.kind == comm::P2POp::Kind::kSend ? comm.send_async(op.tensor, op.peer, op.tag)
+                                             : comm.recv_async(op.tensor, op.peer, op.tag);
 }
 
 Executor::Executor(Stage& stage, Transport& transport, RankActions actions, int rank,
@@ -69,42 +71,15 @@ StepTimes Executor::run_step(long long step, double step_start) {
   std::vector<int> forward_spans, backward_spans;
   StepTimes times;
 
-  // Transfers are collected until the next compute action (or the end of the list), then posted
-  // one by one, in list order, each on its direction's channel.
-  std::vector<comm::P2POp> group;
-  struct GroupEntry {
-    size_t record;
-    int mb;
-    bool recv, activation;
-  };
-  std::vector<GroupEntry> entries;
-  auto post_group = [&] {
-    if (group.empty()) return;
-    for (size_t i = 0; i < group.size(); ++i) {
-      const GroupEntry& g = entries[i];
-      std::vector<comm::P2POp> one{group[i]};
-      const int s = mark();
-      auto works =
-          transport_.post(one, g.activation ? Channel::kActivations : Channel::kGradients);
-      const int e = mark();
-      GPT2P_CHECK(works.size() == 1,
-                  "the transport returned " << works.size() << " handles for one transfer",
-                  "Transport::post must return one Work per op");
-      if (g.recv) {
-        auto& pending = g.activation ? recv_act : recv_grad;
-        pending[g.mb] = Pending{group[i].tensor, std::move(works[0]), g.record};
-        spans[g.record] = {s, s};  // end: when its user has waited for it
-      } else {
-        sends.emplace_back(std::move(works[0]), group[i].tensor);
-        spans[g.record] = {s, e};
-      }
-    }
-    group.clear();
-    entries.clear();
+  // Posts one transfer on its direction's channel; `record` is the index of its action's record.
+  auto post = [&](comm::P2POp op, bool activation, size_t record) -> comm::WorkPtr {
+    const int s = mark();
+    auto work = transport_.post(op, activation ? Channel::kActivations : Channel::kGradients);
+    spans[record] = {s, op.kind == comm::P2POp::Kind::kRecv ? s : mark()};  // recv: end on use
+    return work;
   };
 
   for (const auto& a : actions_) {
-    if (a.is_compute()) post_group();
     io::ActionRecord rec;
     rec.step = step;
     rec.stage = a.stage;
@@ -124,19 +99,16 @@ StepTimes Executor::run_step(long long step, double step_start) {
       case Action::Op::kRecvGrad: {
         const bool act = a.op == Action::Op::kRecvActivation;
         auto& pending = act ? recv_act : recv_grad;
-        const bool queued = std::any_of(entries.begin(), entries.end(), [&](const GroupEntry& g) {
-          return g.recv && g.activation == act && g.mb == mb;
-        });
-        GPT2P_CHECK(pending.count(mb) == 0 && !queued,
+        GPT2P_CHECK(pending.count(mb) == 0,
                     "stage " << rank_ << " posts " << to_string(a) << " twice",
                     "each micro-batch is received once per direction");
         torch::Tensor buffer = act ? stage_.empty_activation(mb)
                                    : torch::empty_like(need_stash("gradient buffer").output);
         rec.bytes_recv = bytes_of(buffer);
-        group.push_back({comm::P2POp::Kind::kRecv, buffer, a.peer});
-        entries.push_back({recs.size(), mb, true, act});
-        spans.push_back({0, 0});  // set when the group is posted
+        const size_t r = recs.size();
+        spans.push_back({0, 0});
         recs.push_back(rec);
+        pending[mb] = Pending{buffer, post({comm::P2POp::Kind::kRecv, buffer, a.peer}, act, r), r};
         continue;
       }
       case Action::Op::kForward: {
@@ -163,9 +135,8 @@ StepTimes Executor::run_step(long long step, double step_start) {
       case Action::Op::kSendActivation: {
         auto t = need_stash("send").output.detach();
         rec.bytes_sent = bytes_of(t);
-        group.push_back({comm::P2POp::Kind::kSend, t, a.peer});
-        entries.push_back({recs.size(), mb, false, true});
         spans.push_back({0, 0});
+        sends.emplace_back(post({comm::P2POp::Kind::kSend, t, a.peer}, true, recs.size()), t);
         break;
       }
       case Action::Op::kBackward: {
@@ -198,16 +169,15 @@ StepTimes Executor::run_step(long long step, double step_start) {
                              << " before the backward of micro-batch " << mb,
                     "every B must come before its SEND_B in the action list");
         rec.bytes_sent = bytes_of(it->second);
-        group.push_back({comm::P2POp::Kind::kSend, it->second, a.peer});
-        entries.push_back({recs.size(), mb, false, false});
-        input_grads.erase(it);
         spans.push_back({0, 0});
+        sends.emplace_back(post({comm::P2POp::Kind::kSend, it->second, a.peer}, false, recs.size()),
+                           it->second);
+        input_grads.erase(it);
         break;
       }
     }
     recs.push_back(rec);
   }
-  post_group();
   for (auto& s : sends) {
     const int a = mark();
     s.first->wait();

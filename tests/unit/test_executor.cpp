@@ -55,20 +55,16 @@ class DoneWork : public comm::Work {
 class FakeTransport : public Transport {
  public:
   explicit FakeTransport(int s, std::vector<std::string>* log) : s_(s), log_(log) {}
-  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops, Channel channel) override {
-    std::vector<comm::WorkPtr> works;
-    for (auto& op : ops) {
-      if (op.kind == comm::P2POp::Kind::kSend) {
-        log_->push_back(std::to_string(s_) + "SEND->" + std::to_string(op.peer));
-        sent.push_back(op.tensor.clone());
-      } else {
-        log_->push_back(std::to_string(s_) + "RECV<-" + std::to_string(op.peer));
-        op.tensor.fill_(1.0);
-      }
-      works.push_back(std::make_unique<DoneWork>());
-      channels.push_back(channel);
+  comm::WorkPtr post(comm::P2POp& op, Channel channel) override {
+    if (op.kind == comm::P2POp::Kind::kSend) {
+      log_->push_back(std::to_string(s_) + "SEND->" + std::to_string(op.peer));
+      sent.push_back(op.tensor.clone());
+    } else {
+      log_->push_back(std::to_string(s_) + "RECV<-" + std::to_string(op.peer));
+      op.tensor.fill_(1.0);
     }
-    return works;
+    channels.push_back(channel);
+    return std::make_unique<DoneWork>();
   }
   std::vector<torch::Tensor> sent;
   std::vector<Channel> channels;

@@ -38,12 +38,12 @@ namespace gpt2p::pipeline {
 
 enum class Channel { kActivations, kGradients };
 
-// Point-to-point transfers of one rank. post() starts the transfers of one channel and returns at
-// once with one Work per op, in order.
+// Point-to-point transfers of one rank. post() starts one transfer on a channel and returns at
+// once with the Work to wait on.
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops, Channel channel) = 0;
+  virtual comm::WorkPtr post(comm::P2POp& op, Channel channel) = 0;
 };
 
 // One Communicator per channel (tag 0: messages match in call order per pair). The two may be the
@@ -52,7 +52,7 @@ class CommTransport : public Transport {
  public:
   CommTransport(comm::Communicator& activations, comm::Communicator& gradients)
       : activations_(activations), gradients_(gradients) {}
-  std::vector<comm::WorkPtr> post(std::vector<comm::P2POp>& ops, Channel channel) override;
+  comm::WorkPtr post(comm::P2POp& op, Channel channel) override;
 
  private:
   comm::Communicator& activations_;
