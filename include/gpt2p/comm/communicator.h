@@ -17,9 +17,11 @@
 //    fails the job instead of hanging it. Lists of tensors go in one NCCL group.
 //  * Point-to-point on NCCL: sends and receives queue on the one stream in call order, and each
 //    waits there until its peer has posted the matching call. Two ranks that each send to the
-//    other before receiving therefore deadlock (1F1B's steady state does exactly that). Post such
-//    pairs together with batch_isend_irecv (one NCCL group, as torch.distributed's
-//    batch_isend_irecv and Megatron's send_forward_recv_backward do); MPI calls never block there.
+//    other before receiving therefore deadlock (1F1B's steady state does exactly that). Two ways
+//    out: post an independent send/receive pair together with batch_isend_irecv (one NCCL group,
+//    as torch.distributed's batch_isend_irecv does) -- but a group whose receive needs the peer to
+//    use the group's own send first hangs (seen on 2xH200) -- or give each direction its own
+//    communicator, as pp_train does. MPI calls never block there.
 //  * Tensors passed to *_async calls must stay alive and unmodified until wait() returns (the
 //    NCCL backend also records them on its stream for torch's caching allocator).
 //  * Supported dtypes: float32, float64, int32, int64, bfloat16 (MPI reduces bfloat16 in float32
