@@ -82,7 +82,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
         ("mode", po::value(&c.mode)->default_value(c.mode), "pipeline | model_parallel (whole batch as one micro-batch, HW5's baseline)")
         ("schedule", po::value(&c.schedule)->default_value(c.schedule), "gpipe | 1f1b")
         ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size")
-        ("partition", po::value(&c.partition)->default_value(c.partition), "uniform (HW5: ceil(blocks/stages) each) | balanced (cost model)");
+        ("partition", po::value(&c.partition)->default_value(c.partition), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split");
     desc.add(pp);
   }
 }
@@ -125,7 +125,7 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
   require_one_of("mode", c.mode, {"pipeline", "model_parallel"});
   require_one_of("schedule", c.schedule, {"gpipe", "1f1b"});
-  require_one_of("partition", c.partition, {"uniform", "balanced"});
+  require_one_of("partition", c.partition, {"uniform", "balanced", "measured"});
   require(c.microbatches > 0, "--microbatches must be positive");
   if (program == Program::kPipeline && c.mode == "model_parallel") c.microbatches = 1;
   require(program != Program::kPipeline || c.batch_size % c.microbatches == 0,

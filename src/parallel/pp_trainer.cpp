@@ -12,6 +12,7 @@
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
 #include "gpt2p/pipeline/executor.h"
+#include "gpt2p/pipeline/layer_profile.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -66,27 +67,83 @@ LossResult pipeline_validation_loss(model::GPT2& model, comm::Communicator& comm
 }  // namespace
 
 pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
-                                    int n_stages, int64_t seq_len) {
+                                    int n_stages, int64_t seq_len,
+                                    const std::vector<double>& measured_costs) {
   const int blocks = static_cast<int>(config.n_layer);
   if (partition == "uniform") return pipeline::partition_uniform(blocks, n_stages);
+  if (partition == "measured") {
+    GPT2P_CHECK(measured_costs.size() == static_cast<size_t>(blocks) + 2,
+                "--partition measured: " << measured_costs.size() << " layer costs for a model of "
+                                         << blocks << " blocks (expected " << blocks + 2 << ")",
+                "measure them with measured_layer_costs() for this model");
+    return pipeline::partition_balanced(measured_costs, n_stages);
+  }
   GPT2P_CHECK(partition == "balanced", "--partition " << partition << " is not a known split",
-              "pass --partition uniform or --partition balanced");
+              "pass --partition uniform, balanced or measured");
   const auto costs = pipeline::layer_costs_flops(
       blocks, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
       static_cast<int>(seq_len), static_cast<int>(config.padded_vocab_size()));
   return pipeline::partition_balanced(costs, n_stages);
 }
 
+std::vector<double> measured_layer_costs(comm::Communicator& comm,
+                                         const model::GPT2Config& config, int64_t micro_rows,
+                                         int64_t seq_len, bool bf16) {
+  auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
+  if (comm.rank() == 0) {
+    const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, bf16,
+                                                     comm.device());
+    t = torch::tensor({times.embedding, times.block, times.head}, t.options());
+  }
+  t = t.to(comm.device());
+  if (comm.size() > 1) comm.broadcast(t, 0);
+  t = t.cpu();
+  pipeline::LayerTimes times{t[0].item<double>(), t[1].item<double>(), t[2].item<double>()};
+  return pipeline::layer_costs_from_times(times, static_cast<int>(config.n_layer));
+}
+
+namespace {
+
+// A resumed run keeps the split its checkpoint was written with (a measured split can come out
+// differently on another day): stage s's layer range from <resume>/stage<s>/meta.json.
+pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages) {
+  pipeline::Partition split;
+  for (int s = 0; s < n_stages; ++s) {
+    const std::string dir = resume + "/stage" + std::to_string(s);
+    GPT2P_CHECK(model::is_checkpoint_dir(dir),
+                "--resume " << resume << ": no checkpoint for stage " << s << " of " << n_stages
+                            << " (" << dir << "/meta.json missing)",
+                "resume with as many ranks as the run that wrote the checkpoint had stages");
+    const auto r = model::checkpoint_range(dir);
+    split.push_back({static_cast<int>(r.begin), static_cast<int>(r.end)});
+  }
+  GPT2P_CHECK(!model::is_checkpoint_dir(resume + "/stage" + std::to_string(n_stages)),
+              "--resume " << resume << " holds more than " << n_stages << " stages",
+              "resume with as many ranks as the run that wrote the checkpoint had stages");
+  return split;
+}
+
+}  // namespace
+
 int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   auto ctx = make_run_context(cfg_in, cli::Program::kPipeline, topo);
   const auto& cfg = ctx.cfg;
   const int n = topo.size, rank = topo.rank;
-  const auto split = stage_partition(cfg.partition, ctx.model_config, n, cfg.seq_len);
-  const auto range = split[static_cast<size_t>(rank)];
   const int m = cfg.mode == "model_parallel" ? 1 : cfg.microbatches;
   GPT2P_CHECK(cfg.batch_size % m == 0,
               "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
               "pick --microbatches dividing --batch-size");
+  const bool bf16 = cfg.precision == "bf16";
+  std::vector<double> costs;
+  if (cfg.partition == "measured" && cfg.resume.empty()) {
+    costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
+                                 bf16);
+    compat::reset_peak_memory(ctx.device);
+  }
+  const auto split = cfg.resume.empty()
+                         ? stage_partition(cfg.partition, ctx.model_config, n, cfg.seq_len, costs)
+                         : checkpoint_partition(cfg.resume, n);
+  const auto range = split[static_cast<size_t>(rank)];
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
   const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
@@ -111,7 +168,6 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     data.set_position({state.epoch, state.batch_in_epoch});
   }
 
-  const bool bf16 = cfg.precision == "bf16";
   pipeline::GptStage stage(model, m, bf16);
   pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm);
   pipeline::Executor executor(stage, transport,
@@ -122,6 +178,11 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   recorder.set_attribute("layer_begin", range.begin);
   recorder.set_attribute("layer_end", range.end);
   recorder.set_attribute("microbatches", m);
+  if (!costs.empty()) {
+    recorder.set_attribute("layer_time_embedding_s", costs.front());
+    recorder.set_attribute("layer_time_block_s", costs[1]);
+    recorder.set_attribute("layer_time_head_s", costs.back());
+  }
   if (rank == 0) {
     std::printf(
         "pp_train: %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
@@ -130,6 +191,12 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
         model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
         cfg.partition.c_str(), pipeline::to_string(split).c_str());
+    if (!costs.empty()) {
+      std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
+                  " (= %.2f blocks)\n",
+                  1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
+                  costs[1] > 0 ? costs.back() / costs[1] : 0.0);
+    }
     std::fflush(stdout);
   }
 

@@ -67,7 +67,11 @@ struct PipelineRun {
 PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& partition,
                           pipeline::ScheduleKind kind, int m) {
   auto& comm = world();
-  const auto split = parallel::stage_partition(partition, config, comm.size(), kSeq);
+  std::vector<double> costs;
+  if (partition == "measured") {
+    costs = parallel::measured_layer_costs(comm, config, kBatch / m, kSeq, /*bf16=*/false);
+  }
+  const auto split = parallel::stage_partition(partition, config, comm.size(), kSeq, costs);
   const auto r = split[static_cast<size_t>(comm.rank())];
   PipelineRun run;
   run.model = model::GPT2(config, model::LayerRange{r.begin, r.end});
@@ -105,7 +109,7 @@ TEST(PipelineMpi, LossAndEveryGradientMatchTheWholeModel) {
   std::map<std::string, torch::Tensor> ref;
   for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad();
 
-  for (const std::string partition : {"uniform", "balanced"}) {
+  for (const std::string partition : {"uniform", "balanced", "measured"}) {
     for (auto kind : {pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::kOneFOneB}) {
       for (int m : {1, 2, 4}) {
         SCOPED_TRACE(partition + " " + pipeline::to_string(kind) + " M=" + std::to_string(m));
@@ -179,6 +183,20 @@ TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {
     }
     EXPECT_TRUE(torch::equal(w.detach(), other));
   }
+}
+
+// Rank 0 measures, every rank cuts with rank 0's numbers: the same positive costs everywhere.
+TEST(PipelineMpi, MeasuredCostsAreRankZerosOnEveryRank) {
+  const auto config = small_config();
+  const auto costs = parallel::measured_layer_costs(world(), config, 2, kSeq, /*bf16=*/false);
+  ASSERT_EQ(costs.size(), static_cast<size_t>(config.n_layer) + 2);
+  for (size_t i = 0; i < costs.size(); ++i) EXPECT_GT(costs[i], 0.0) << "layer " << i;
+  auto mine = torch::tensor(costs, torch::kFloat64);
+  auto rank0 = mine.clone();
+  world().broadcast(rank0, 0);
+  EXPECT_TRUE(torch::equal(rank0, mine));
+  const auto split = parallel::stage_partition("measured", config, world().size(), kSeq, costs);
+  EXPECT_EQ(split.size(), static_cast<size_t>(world().size()));
 }
 
 TEST(PipelineMpi, ErrorsNameTheProblem) {

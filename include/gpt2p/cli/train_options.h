@@ -57,7 +57,7 @@ struct TrainConfig {
   std::string mode = "pipeline";  // pipeline | model_parallel
   std::string schedule = "1f1b";  // gpipe | 1f1b
   int microbatches = 4;
-  std::string partition = "balanced";  // uniform | balanced
+  std::string partition = "balanced";  // uniform | balanced | measured
 };
 
 enum class Program { kSingle, kDataParallel, kPipeline };

@@ -2,7 +2,10 @@
 // --microbatches, or --mode model_parallel (the same split, the whole batch as one micro-batch).
 #pragma once
 
+#include <vector>
+
 #include "gpt2p/cli/train_options.h"
+#include "gpt2p/comm/communicator.h"
 #include "gpt2p/core/mpi_env.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/pipeline/partition.h"
@@ -10,10 +13,19 @@
 namespace gpt2p::parallel {
 
 // The stage split of --partition for `config` over `n_stages` (uniform: HW5's ceil(blocks/stages);
-// balanced: partition_balanced of layer_costs_flops at seq_len). Throws the partition's error when
-// the world size does not fit the model.
+// balanced: partition_balanced of layer_costs_flops at seq_len; measured: partition_balanced of
+// `measured_costs`, which that mode needs, from measured_layer_costs). Throws the partition's error
+// when the world size does not fit the model.
 pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
-                                    int n_stages, int64_t seq_len);
+                                    int n_stages, int64_t seq_len,
+                                    const std::vector<double>& measured_costs = {});
+
+// Layer costs for --partition measured: rank 0 times the layers (pipeline/layer_profile.h) for a
+// micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank cuts
+// the model the same way. Collective: every rank of `comm` calls it.
+std::vector<double> measured_layer_costs(comm::Communicator& comm,
+                                         const model::GPT2Config& config, int64_t micro_rows,
+                                         int64_t seq_len, bool bf16);
 
 // Trains with the parsed flags. World size = number of stages. Writes <out>/rank<r>.h5 (steps,
 // epochs, actions), checkpoints under <out>/checkpoint/stage<s>, prints progress on rank 0.

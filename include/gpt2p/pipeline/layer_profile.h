@@ -1,0 +1,41 @@
+// Measured layer costs for `--partition measured`: the time of one forward + backward of a
+// micro-batch through the embedding, through one transformer block and through ln_f + head + loss,
+// on the device, in the run's precision, with the same GptStage code the executor runs.
+//
+// The FLOP model (partition.h) counts matmul work only. On a GPU the head's 50k-wide softmax and
+// cross-entropy, the embedding's scatter into a 50k x C gradient and the small-matmul efficiency of
+// a micro-batch are what decide the split, and only a measurement sees them (on 2xH200, GPT-2
+// small at 16 x 128 tokens: the head costs about 4.2 blocks, the FLOP model says 5.3).
+//
+// GPT-2's blocks are all the same shape, so one block is timed and stands for every block: the
+// profile fits in one GPU's memory whatever the depth of the model.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gpt2p/model/config.h"
+
+namespace gpt2p::pipeline {
+
+// Seconds for one forward + backward of one micro-batch.
+struct LayerTimes {
+  double embedding = 0;  // wte + wpe lookup and its gradient
+  double block = 0;      // one transformer block
+  double head = 0;       // ln_f + LM head + masked cross-entropy
+};
+
+// Builds each of the three parts alone (random weights, random tokens), runs `warmup` untimed
+// iterations, then `rounds` rounds of `reps` iterations and keeps the fastest round's mean per
+// iteration (the least disturbed). Synchronises the device around each round. Throws on
+// micro_rows, seq_len, reps or rounds < 1.
+LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
+                               bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
+                               int rounds = 3);
+
+// Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
+std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);
+
+}  // namespace gpt2p::pipeline

@@ -1,0 +1,85 @@
+#include "gpt2p/pipeline/layer_profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/model/gpt2.h"
+#include "gpt2p/pipeline/stage.h"
+
+namespace gpt2p::pipeline {
+namespace {
+
+// Fastest round's seconds per forward + backward of `range` alone on `device`.
+double time_layers(const model::GPT2Config& config, model::LayerRange range, int64_t rows,
+                   int64_t seq_len, bool bf16, const torch::Device& device, int warmup, int reps,
+                   int rounds) {
+  model::GPT2 layers(config, range);
+  layers->reset_parameters(/*seed=*/1);
+  layers->to(device);
+  layers->train();
+  GptStage stage(layers, /*n_microbatches=*/1, bf16);
+
+  const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  StageBatch batch;
+  batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
+  batch.labels = torch::randint(config.vocab_size, {rows, seq_len}, ids);
+  batch.mask = torch::ones({rows, seq_len}, torch::TensorOptions().device(device));
+  batch.global_target_tokens = rows * seq_len;
+  stage.set_batch(batch);
+  torch::Tensor hidden;
+  if (!stage.is_first()) hidden = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
+
+  // What the executor does per micro-batch: forward, then backward with the output's gradient
+  // (the loss's own on the last stage). A received activation requires grad, as in the executor.
+  const auto iteration = [&] {
+    const torch::Tensor input =
+        stage.is_first() ? stage.input(0) : hidden.detach().requires_grad_(true);
+    const torch::Tensor out = stage.forward(0, input);
+    stage.backward(0, out, stage.is_last() ? torch::Tensor() : torch::ones_like(out));
+  };
+  for (int i = 0; i < warmup; ++i) iteration();
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < rounds; ++r) {
+    compat::synchronize(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) iteration();
+    compat::synchronize(device);
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    best = std::min(best, dt.count() / reps);
+  }
+  stage.take_loss();
+  return best;
+}
+
+}  // namespace
+
+LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
+                               bool bf16, const c10::Device& device, int warmup, int reps,
+                               int rounds) {
+  GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
+              "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
+                                                 << ", reps " << reps << ", rounds " << rounds
+                                                 << ", warmup " << warmup,
+              "pass at least one row, one token, one rep and one round (warmup >= 0)");
+  const int64_t L = config.n_layer;
+  LayerTimes t;
+  t.embedding = time_layers(config, {0, 1}, micro_rows, seq_len, bf16, device, warmup, reps, rounds);
+  t.block = time_layers(config, {1, 2}, micro_rows, seq_len, bf16, device, warmup, reps, rounds);
+  t.head = time_layers(config, {L + 1, L + 2}, micro_rows, seq_len, bf16, device, warmup, reps,
+                       rounds);
+  return t;
+}
+
+std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer) {
+  GPT2P_CHECK(n_layer >= 1, "layer_costs_from_times: n_layer " << n_layer << " < 1",
+              "pass the model's number of transformer blocks");
+  std::vector<double> costs(static_cast<size_t>(n_layer) + 2, times.block);
+  costs.front() = times.embedding;
+  costs.back() = times.head;
+  return costs;
+}
+
+}  // namespace gpt2p::pipeline
