@@ -30,9 +30,22 @@ if [ "$ngpu" -ge 2 ]; then
     [ $sync = per-param ] && [ "${DP_BF16_PER_PARAM:-1}" = 0 ] && continue
     run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync "${nosave[@]}"
   done
-  anchor_configs="64x128xfp32,16x1024xbf16"
-else
-  anchor_configs="64x128xfp32,16x1024xbf16"
 fi
-[ "${DP_ANCHOR:-1}" = 1 ] && CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout ${DP_ANCHOR_TIMEOUT:-400} python3 "$anchors/ddp_anchor.py" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err"
+anchor_configs="64x128xfp32,16x1024xbf16"
+if [ "${DP_ANCHOR:-1}" = 1 ] && [ "$ngpu" -ge 2 ]; then
+  CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout ${DP_ANCHOR_TIMEOUT:-400} python3 "$anchors/ddp_anchor.py" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err"
+elif [ "${DP_ANCHOR:-1}" = 1 ]; then
+  # One GPU: ddp_anchor.py's main() would also start its 2-GPU modes, whose second process cannot
+  # get a device while the first waits for it. Run the anchor's own single-GPU mode directly.
+  CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout ${DP_ANCHOR_TIMEOUT:-400} python3 - "$anchors" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err" <<'PY'
+import json, os, queue, sys
+sys.path.insert(0, sys.argv[1])
+import ddp_anchor
+for c in os.environ["CONFIGS"].split(","):
+    b, s, prec = c.split("x")
+    q = queue.Queue()
+    ddp_anchor.run(0, 1, "single", int(b), int(s), prec, 29500, q)
+    print(json.dumps(q.get()), flush=True)
+PY
+fi
 python3 scripts/device/bench_table.py dp "$runs" "$out/ddp_anchor.jsonl" --json "$out/dp_summary.json" | tee "$out/dp_table.txt"

@@ -3,7 +3,9 @@
 #   fp32   batch 64, sequence 128            model_parallel; 1F1B M 2 4 8 16; GPipe M 4 8
 #   bf16   batch 32, sequence 1024 autocast  the same
 #   hw5    batch 96, sequence 128, fp32      HW5's comparison: model_parallel; 1F1B M 2 4 8; GPipe M 2
-#   uniform partition (fp32): model_parallel and 1F1B M 8  (everything else: balanced)
+#   uniform partition (fp32): model_parallel and 1F1B M 8  (everything else: $PP_PARTITION,
+#   default balanced; measured = balanced by the layer times pp_train measures first)
+#   PP_SETTINGS="fp32 bf16" picks the first two settings (hw5 runs unless PP_HW5=0).
 # Runs: 2 epochs (hw5: 3) over a few hundred pairs, no checkpoints. bench_table.py reports the
 # median step after the first epoch (the anchor reports a median step too) and the speed-up over
 # the setting's model_parallel run; analysis/ takes HW5's epoch metrics from the same files.
@@ -17,6 +19,7 @@ data=.cache/data/ding-gpt2.h5
 common=(--data "$data" --translate-samples 0 --max-eval-pairs 32 --log-every 1000 --save-every -1)
 run() {  # name flags...
   local name=$1; shift
+  case " $* " in *" --partition "*) ;; *) set -- "$@" --partition "${PP_PARTITION:-balanced}" ;; esac
   echo "== $name: mpirun -np 2 pp_train $*" | tee -a "$out/pp.log"
   timeout ${PP_RUN_TIMEOUT:-75} mpirun -np 2 "$bin/pp_train" "${common[@]}" --out "$runs/$name" "$@" \
     >>"$out/pp.log" 2>&1 || echo "!! $name failed (rc $?)" | tee -a "$out/pp.log"
@@ -24,15 +27,17 @@ run() {  # name flags...
 fp32=(--epochs ${PP_EPOCHS:-2} --precision fp32 --batch-size 64 --seq-len 128 --max-train-pairs ${PP_FP32_PAIRS:-640})
 bf16=(--epochs ${PP_EPOCHS:-2} --precision bf16 --batch-size 32 --seq-len 1024 --max-train-pairs ${PP_BF16_PAIRS:-320})
 hw5=(--epochs ${PP_HW5_EPOCHS:-3} --precision fp32 --batch-size 96 --seq-len 128 --max-train-pairs ${PP_HW5_PAIRS:-960})
-for setting in fp32 bf16; do
+for setting in ${PP_SETTINGS-fp32 bf16}; do
   declare -n flags=$setting
   run ${setting}_mp "${flags[@]}" --mode model_parallel
   for m in ${PP_MS_1F1B:-2 4 8 16}; do run ${setting}_1f1b_m$m "${flags[@]}" --schedule 1f1b --microbatches $m; done
   for m in ${PP_MS_GPIPE:-4 8}; do run ${setting}_gpipe_m$m "${flags[@]}" --schedule gpipe --microbatches $m; done
 done
-run hw5_mp "${hw5[@]}" --mode model_parallel
-for m in ${PP_HW5_MS:-2 4 8}; do run hw5_1f1b_m$m "${hw5[@]}" --schedule 1f1b --microbatches $m; done
-[ "${PP_HW5_GPIPE:-1}" = 1 ] && run hw5_gpipe_m2 "${hw5[@]}" --schedule gpipe --microbatches 2
+if [ "${PP_HW5:-1}" = 1 ]; then
+  run hw5_mp "${hw5[@]}" --mode model_parallel
+  for m in ${PP_HW5_MS:-2 4 8}; do run hw5_1f1b_m$m "${hw5[@]}" --schedule 1f1b --microbatches $m; done
+  [ "${PP_HW5_GPIPE:-1}" = 1 ] && run hw5_gpipe_m2 "${hw5[@]}" --schedule gpipe --microbatches 2
+fi
 if [ "${PP_UNIFORM:-1}" = 1 ]; then
   run fp32_mp_uniform "${fp32[@]}" --mode model_parallel --partition uniform
   run fp32_1f1b_m8_uniform "${fp32[@]}" --schedule 1f1b --microbatches 8 --partition uniform
