@@ -190,7 +190,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
         n, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-        cfg.partition.c_str(), pipeline::to_string(split).c_str());
+        cfg.resume.empty() ? cfg.partition.c_str() : "checkpoint's",
+        pipeline::to_string(split).c_str());
     if (!costs.empty()) {
       std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
                   " (= %.2f blocks)\n",

@@ -19,4 +19,12 @@ inline std::vector<double> read_column(const std::string& path, const std::strin
   return v;
 }
 
+// A numeric attribute of the file's root group (rank files: "stage", "layer_begin", ...).
+inline double read_attribute(const std::string& path, const std::string& name) {
+  H5::H5File f(path, H5F_ACC_RDONLY);
+  double v = 0;
+  f.openAttribute(name).read(H5::PredType::NATIVE_DOUBLE, &v);
+  return v;
+}
+
 }  // namespace gpt2p::testing

@@ -1,0 +1,71 @@
+// pp_train's loop end to end at 2, 3 and 4 ranks (one stage each): rank files with the steps and
+// the executed actions, a checkpoint per stage, and a --resume that continues exactly as a run that
+// never stopped, on the split the checkpoint was written with even when --partition says another.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/pp_trainer.h"
+#include "support/h5_read.h"
+#include "support/trainer_fixture.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using gpt2p::testing::read_attribute;
+using gpt2p::testing::read_column;
+
+class PipelineTrainer : public gpt2p::testing::TrainerTest {
+ protected:
+  // 4 blocks (4 stages fit), 1F1B over 2 micro-batches.
+  cli::TrainConfig config(const std::string& out, int64_t max_steps,
+                          const std::string& partition) const {
+    auto c = TrainerTest::config(out, max_steps, /*blocks=*/4);
+    c.mode = "pipeline";
+    c.schedule = "1f1b";
+    c.microbatches = 2;
+    c.partition = partition;
+    return c;
+  }
+};
+
+TEST_F(PipelineTrainer, MeasuredSplitTrainsCheckpointsAndResumesOnItsSplit) {
+  ASSERT_EQ(train_pipeline(config("a", 2, "measured"), topo), 0);
+  const auto a = rank_file("a");
+  ASSERT_TRUE(fs::exists(a)) << a;
+  EXPECT_EQ(read_column(a, "/steps/step"), (std::vector<double>{0, 1}));
+  for (double v : read_column(a, "/steps/loss")) EXPECT_GT(v, 0);
+  EXPECT_EQ(read_attribute(a, "stage"), comm->rank());
+  // The measured times are recorded, and the head (a 50k-wide vocabulary on a 32-wide model) is
+  // the costliest layer.
+  EXPECT_GT(read_attribute(a, "layer_time_head_s"), read_attribute(a, "layer_time_block_s"));
+  EXPECT_FALSE(read_column(a, "/actions/op").empty());
+  const std::string stage_ckpt = dir + "/a/checkpoint/stage" + std::to_string(comm->rank());
+  EXPECT_EQ(model::read_train_state(stage_ckpt).step, 2);
+  const auto saved = model::checkpoint_range(stage_ckpt);
+  EXPECT_EQ(read_attribute(a, "layer_begin"), saved.begin);
+  EXPECT_EQ(read_attribute(a, "layer_end"), saved.end);
+
+  // --partition uniform would cut 4 blocks differently from the measured split (which puts the
+  // costly head alone or nearly so): the resumed run must keep the checkpoint's split.
+  auto resumed = config("b", 3, "uniform");
+  resumed.resume = dir + "/a/checkpoint";
+  ASSERT_EQ(train_pipeline(resumed, topo), 0);
+  EXPECT_EQ(read_column(rank_file("b"), "/steps/step"), (std::vector<double>{2}));
+  EXPECT_EQ(read_attribute(rank_file("b"), "layer_begin"), saved.begin);
+  EXPECT_EQ(read_attribute(rank_file("b"), "layer_end"), saved.end);
+
+  ASSERT_EQ(train_pipeline(config("c", 3, "uniform"), topo), 0);
+  const auto full = read_column(rank_file("c"), "/steps/loss");
+  ASSERT_EQ(full.size(), 3U);
+  const auto head = read_column(a, "/steps/loss");
+  EXPECT_NEAR(head[0], full[0], 1e-5 * full[0]);
+  EXPECT_NEAR(head[1], full[1], 1e-5 * full[1]);
+  EXPECT_NEAR(read_column(rank_file("b"), "/steps/loss")[0], full[2], 1e-5 * full[2])
+      << "the resumed step must see the same batch and parameters as the uninterrupted run";
+}
+
+}  // namespace
+}  // namespace gpt2p::parallel
