@@ -3,12 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/pipeline/layer_profile.h"
 #include "gpt2p/pipeline/partition.h"
 #include "support/errors.h"
+#include "support/temp_dir.h"
 
 namespace gpt2p::pipeline {
 namespace {
@@ -63,6 +69,48 @@ TEST(LayerProfile, BadArgumentsSayWhatToPass) {
             std::string::npos);
   EXPECT_NE(error_of([] { layer_costs_from_times({}, 0); }).find("n_layer 0 < 1"),
             std::string::npos);
+}
+
+// pp_plan sits in the build directory, one level above this test binary.
+std::string plan_binary() {
+  namespace fs = std::filesystem;
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "pp_plan").string();
+}
+
+TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
+  ASSERT_TRUE(std::filesystem::exists(plan_binary())) << plan_binary() << " (build target pp_plan)";
+  testing::TempDir dir;
+  const std::string json = (dir / "plan.json");
+  const std::string cmd = plan_binary() +
+                          " --device cpu --preset tiny --n-layer 2 --vocab-size 300 --stages 2"
+                          " --batch-size 4 --seq-len 8 --microbatches 2,4 --reps 1 --json-out " +
+                          json + " > " + (dir / "out.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto doc = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(doc["stages"], 2);
+  // M = 1 is always timed (the model-parallel baseline): rows 4, 2 and 1.
+  EXPECT_EQ(doc["layer_costs_s_by_rows"].size(), 3U);
+  EXPECT_EQ(doc["layer_costs_s_by_rows"]["4"].size(), 4U);  // embedding, 2 blocks, head
+  // 3 partitions x 2 M x 2 schedules.
+  ASSERT_EQ(doc["predictions"].size(), 12U);
+  for (const auto& p : doc["predictions"]) {
+    EXPECT_GT(p["step_s"].get<double>(), 0.0);
+    EXPECT_GT(p["speedup_vs_model_parallel"].get<double>(), 0.0);
+    const int m = p["microbatches"];
+    EXPECT_DOUBLE_EQ(p["ideal_speedup"].get<double>(), 2.0 * m / (m + 1));
+  }
+}
+
+TEST(PpPlan, AMicroBatchCountThatDoesNotDivideTheBatchIsAUsageError) {
+  testing::TempDir dir;
+  const std::string cmd = plan_binary() + " --device cpu --batch-size 16 --microbatches 3 > " +
+                          (dir / "err.txt") + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  std::ifstream err(dir / "err.txt");
+  const std::string text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("3 does not divide --batch-size 16"), std::string::npos) << text;
 }
 
 }  // namespace

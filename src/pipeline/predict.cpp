@@ -1,0 +1,35 @@
+#include "gpt2p/pipeline/predict.h"
+
+#include "gpt2p/core/error.h"
+#include "gpt2p/pipeline/simulator.h"
+
+namespace gpt2p::pipeline {
+
+StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partition& partition,
+                            const std::vector<double>& layer_costs, double comm,
+                            double forward_share) {
+  GPT2P_CHECK(n_microbatches >= 1, "predict_step: " << n_microbatches << " micro-batches",
+              "predict at least one micro-batch");
+  GPT2P_CHECK(forward_share > 0.0 && forward_share < 1.0,
+              "predict_step: forward_share " << forward_share << " is not in (0, 1)",
+              "pass the forward's fraction of a layer's forward + backward cost (about 1/3)");
+  GPT2P_CHECK(comm >= 0.0, "predict_step: transfer cost " << comm << " < 0",
+              "pass a transfer time >= 0");
+  const std::vector<double> stage = stage_costs(layer_costs, partition);
+  SimCosts costs;
+  for (double c : stage) {
+    costs.forward.push_back(forward_share * c);
+    costs.backward.push_back((1.0 - forward_share) * c);
+  }
+  costs.comm = comm;
+  const int n = static_cast<int>(partition.size());
+  const SimResult sim = simulate(make_schedule(kind, n_microbatches, n), costs,
+                                 Transfers::kStreamPerDirection);
+  GPT2P_CHECK(sim.ok, "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
+                                           << ", n = " << n << " deadlocks: "
+                                           << sim.deadlock_reason,
+              "report this: every schedule pp_train runs must simulate without deadlock");
+  return {sim.makespan, sim.bubble_fraction, sim.busy};
+}
+
+}  // namespace gpt2p::pipeline
