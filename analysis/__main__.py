@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -140,12 +141,28 @@ def cmd_sweep(args) -> int:
             m_pts.append(pt)
         else:
             world_pts.append(pt)
-    summary.write_json(out / "sweep.json", {"world_size": world_pts, "microbatches": m_pts})
+    predicted = None
+    pipe_runs = [r for r in runs if r.is_pipeline]
+    if args.plan:
+        if not pipe_runs:
+            raise RunError(f"--plan {args.plan}: none of the runs is a pp_train run to compare it with")
+        try:
+            plan = json.loads(Path(args.plan).read_text())
+        except (OSError, ValueError) as e:
+            raise RunError(f"--plan {args.plan}: cannot read pp_plan's JSON ({e}); pass pp_plan --json-out's file")
+        c = pipe_runs[0].config
+        try:
+            predicted = metrics.plan_points(plan, c.get("partition", "balanced"), int(c["batch_size"]),
+                                            int(c["seq_len"]), pipe_runs[0].world_size)
+        except (ValueError, KeyError) as e:
+            raise RunError(f"--plan {args.plan}: {e}")
+    summary.write_json(out / "sweep.json", {"world_size": world_pts, "microbatches": m_pts,
+                                            "predicted": predicted or []})
     made = []
     if world_pts:
         made.append(plots.world_size_plot(world_pts, out / "throughput_vs_world_size.png"))
     if [p for p in m_pts if p["mode"] != "model_parallel"]:
-        made.append(plots.microbatch_plot(m_pts, out / "throughput_vs_microbatches.png"))
+        made.append(plots.microbatch_plot(m_pts, out / "throughput_vs_microbatches.png", predicted))
     print(f"wrote {out}/sweep.json" + "".join(f", {p}" for p in made))
     return 0
 
@@ -190,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or their parents")
     w.add_argument("--out", required=True, help="output directory")
     w.add_argument("--warmup-epochs", **warm)
+    w.add_argument("--plan", default=None, metavar="PLAN_JSON",
+                   help="pp_plan --json-out file: draw its predicted throughput for the runs' partition")
     w.set_defaults(fn=cmd_sweep)
     return ap
 

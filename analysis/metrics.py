@@ -183,3 +183,26 @@ def losses(run: Run) -> Dict[str, object]:
         return float(t[c][-1]) if t and len(t.get(c, [])) else float("nan")
     return {"final_train_loss": last(s, "loss"), "final_val_loss": last(e, "val_loss"),
             "final_val_ppl": last(e, "val_ppl"), "final_bleu": last(e, "bleu")}
+
+
+def plan_points(plan: Dict, partition: str, batch_size: int, seq_len: int, stages: int) -> List[Dict]:
+    """pp_plan's predictions for `partition` as sweep points: predicted tokens/s per schedule and M,
+    and the model-parallel prediction they are relative to. Raises ValueError when the plan was made
+    for another batch, sequence length or stage count than the runs."""
+    want = (batch_size, seq_len, stages)
+    got = (plan.get("batch_size"), plan.get("seq_len"), plan.get("stages"))
+    if got != want:
+        raise ValueError(f"the plan is for batch {got[0]} x {got[1]} on {got[2]} stages but the runs are "
+                         f"batch {want[0]} x {want[1]} on {want[2]} stages; run pp_plan with the runs' "
+                         "--batch-size, --seq-len and --stages")
+    tokens = batch_size * seq_len
+    pts = []
+    for p in plan.get("predictions", []):
+        if p["partition"] != partition:
+            continue
+        tok = tokens / p["step_s"]
+        pts.append({"schedule": p["schedule"], "microbatches": int(p["microbatches"]), "tok_s": tok,
+                    "model_parallel_tok_s": tok / p["speedup_vs_model_parallel"], "split": p["split"]})
+    if not pts:
+        raise ValueError(f"the plan has no prediction for partition '{partition}'")
+    return sorted(pts, key=lambda p: (p["schedule"], p["microbatches"]))

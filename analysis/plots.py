@@ -158,20 +158,33 @@ def world_size_plot(points: List[Dict], path) -> Path:
     return _save(fig, path)
 
 
-def microbatch_plot(points: List[Dict], path) -> Path:
+def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = None) -> Path:
     """Pipeline throughput vs micro-batches M per schedule, with the ideal M/(M+n-1) curve scaled
     so that its asymptote is the no-bubble throughput (stages x model-parallel throughput when a
-    model_parallel run is given, else fitted to the best measured point)."""
+    model_parallel run is given, else fitted to the best measured point). `predicted`
+    (metrics.plan_points) adds pp_plan's prediction per schedule as dashed lines, scaled so that its
+    model-parallel point meets the measured model-parallel run when there is one."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     pipe = [p for p in points if p.get("mode") != "model_parallel"]
     mp = [p for p in points if p.get("mode") == "model_parallel"]
     n = max([p["world_size"] for p in points] + [1])
-    for i, sched in enumerate(sorted({p["schedule"] for p in pipe})):
+    scheds = sorted({p["schedule"] for p in pipe} | {p["schedule"] for p in predicted or []
+                                                     if p["schedule"] != "model_parallel"})
+    for i, sched in enumerate(scheds):
         pts = sorted([p for p in pipe if p["schedule"] == sched], key=lambda p: p["microbatches"])
-        ax.errorbar([p["microbatches"] for p in pts], [p["tok_mean"] for p in pts],
-                    yerr=[p["tok_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
-                    label=f"{sched} measured")
-    ms = sorted({p["microbatches"] for p in points} | {1})
+        if pts:
+            ax.errorbar([p["microbatches"] for p in pts], [p["tok_mean"] for p in pts],
+                        yerr=[p["tok_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
+                        label=f"{sched} measured")
+        pred = [p for p in predicted or [] if p["schedule"] == sched]
+        if pred:
+            # Relative to the model-parallel prediction, on the measured model-parallel scale: the
+            # plan leaves out per-step costs every mode pays (optimizer, data, evaluation).
+            scale = mp[0]["tok_mean"] / pred[0]["model_parallel_tok_s"] if mp else 1.0
+            # Alternate dash styles so that coinciding predictions (equal stages) both stay visible.
+            ax.plot([p["microbatches"] for p in pred], [p["tok_s"] * scale for p in pred],
+                    marker="x", ls=("--", "-.")[i % 2], lw=1.5 + (i % 2 == 0), color=f"C{i}", alpha=0.8, label=f"{sched} predicted (pp_plan{', scaled' if mp else ''})")
+    ms = sorted({p["microbatches"] for p in points} | {p["microbatches"] for p in predicted or []} | {1})
     grid = np.linspace(1, max(ms), 200)
     if mp:
         peak = n * mp[0]["tok_mean"]

@@ -27,3 +27,32 @@ def test_microbatch_plot_without_model_parallel_baseline(tmp_path):
             "tok_mean": 100.0 * m / (m + 1), "tok_std": 1.0} for m in (2, 4, 8)]
     p = plots.microbatch_plot(pts, tmp_path / "m.png")
     assert p.stat().st_size > 10_000
+
+
+def test_sweep_draws_pp_plan_predictions_for_the_runs_partition(fixtures, tmp_path):
+    from analysis.__main__ import main
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(fixtures / "pp_mp"), str(fixtures / "pp_1f1b_m4"), "--out", str(out),
+                 "--plan", str(fixtures / "plan.json")]) == 0
+    import json
+    sweep = json.loads((out / "sweep.json").read_text())
+    # The fixture runs use --partition balanced; the plan (pp_plan on the same tiny model, batch 16 x
+    # 16, M 2 and 4) predicts both schedules for it.
+    pred = sweep["predicted"]
+    assert {(p["schedule"], p["microbatches"]) for p in pred} == {
+        ("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)}
+    assert all(p["split"] == "0-2|3-3" and p["tok_s"] > p["model_parallel_tok_s"] > 0 for p in pred)
+    assert (out / "throughput_vs_microbatches.png").stat().st_size > 10_000
+
+
+def test_sweep_rejects_a_plan_for_another_batch(fixtures, tmp_path, capsys):
+    import json
+    from analysis.__main__ import main
+    plan = json.loads((fixtures / "plan.json").read_text())
+    plan["batch_size"] = 64
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(plan))
+    assert main(["sweep", str(fixtures / "pp_1f1b_m4"), "--out", str(tmp_path / "s"),
+                 "--plan", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "the plan is for batch 64 x 16 on 2 stages but the runs are batch 16 x 16" in err

@@ -31,7 +31,7 @@ namespace pl = gpt2p::pipeline;
 
 struct PlanConfig {
   std::string preset, precision = "fp32", device = "auto", json_out;
-  int64_t n_layer = 0, vocab_size = 50260, batch_size = 64, seq_len = 128;
+  int64_t n_layer = 0, n_embd = 0, n_head = 0, vocab_size = 50260, batch_size = 64, seq_len = 128;
   int stages = 2, reps = 5;
   double link_gbs = 200;
   std::vector<int> microbatches;
@@ -62,6 +62,8 @@ bool parse_flags(int argc, char** argv, PlanConfig& c) {
   desc.add_options()
       ("preset", po::value(&c.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
       ("n-layer", po::value(&c.n_layer), "override: number of transformer blocks")
+      ("n-embd", po::value(&c.n_embd), "override: embedding width")
+      ("n-head", po::value(&c.n_head), "override: attention heads")
       ("vocab-size", po::value(&c.vocab_size)->default_value(c.vocab_size), "tokens in the vocabulary (GPT-2's 50257 + our 3 specials)")
       ("stages", po::value(&c.stages)->default_value(c.stages), "pipeline stages (pp_train's ranks)")
       ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "global batch, sequences per step")
@@ -102,6 +104,8 @@ bool parse_flags(int argc, char** argv, PlanConfig& c) {
 int run(const PlanConfig& c) {
   auto config = gpt2p::model::preset(c.preset);
   if (c.n_layer > 0) config.n_layer = c.n_layer;
+  if (c.n_embd > 0) config.n_embd = c.n_embd;
+  if (c.n_head > 0) config.n_head = c.n_head;
   config.vocab_size = c.vocab_size;
   config.n_ctx = std::max(config.n_ctx, c.seq_len);
   config.validate();
