@@ -30,6 +30,9 @@ if [ "$ngpu" -ge 2 ]; then
     [ $sync = per-param ] && [ "${DP_BF16_PER_PARAM:-1}" = 0 ] && continue
     run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync "${nosave[@]}"
   done
+  # Gradients travelling in bf16: half the bytes of the all_reduce backward cannot hide.
+  [ "${DP_BF16_REDUCE:-1}" = 1 ] &&
+    run bf16_2gpu_bucketed_reduce-bf16 2 "${bf16[@]}" --batch-size 32 --grad-sync bucketed --reduce-dtype bf16 "${nosave[@]}"
 fi
 anchor_configs="64x128xfp32,16x1024xbf16"
 if [ "${DP_ANCHOR:-1}" = 1 ] && [ "$ngpu" -ge 2 ]; then

@@ -5,7 +5,8 @@
 #   hw5    batch 96, sequence 128, fp32      HW5's comparison: model_parallel; 1F1B M 2 4 8; GPipe M 2
 #   uniform partition (fp32): model_parallel and 1F1B M 8  (everything else: $PP_PARTITION,
 #   default balanced; measured = balanced by the layer times pp_train measures first)
-#   PP_SETTINGS="fp32 bf16" picks the first two settings (hw5 runs unless PP_HW5=0).
+#   PP_SETTINGS="fp32 bf16" picks the first two settings (hw5 runs unless PP_HW5=0); PP_EXTRA holds
+#   flags added to every run (e.g. "--dropout 0", as pp_anchor.py's model has no dropout).
 # Runs: 2 epochs (hw5: 3) over a few hundred pairs, no checkpoints. bench_table.py reports the
 # median step after the first epoch (the anchor reports a median step too) and the speed-up over
 # the setting's model_parallel run; analysis/ takes HW5's epoch metrics from the same files.
@@ -21,7 +22,8 @@ run() {  # name flags...
   local name=$1; shift
   case " $* " in *" --partition "*) ;; *) set -- "$@" --partition "${PP_PARTITION:-balanced}" ;; esac
   echo "== $name: mpirun -np 2 pp_train $*" | tee -a "$out/pp.log"
-  timeout ${PP_RUN_TIMEOUT:-75} mpirun -np 2 "$bin/pp_train" "${common[@]}" --out "$runs/$name" "$@" \
+  # shellcheck disable=SC2086
+  timeout ${PP_RUN_TIMEOUT:-75} mpirun -np 2 "$bin/pp_train" "${common[@]}" --out "$runs/$name" "$@" ${PP_EXTRA:-} \
     >>"$out/pp.log" 2>&1 || echo "!! $name failed (rc $?)" | tee -a "$out/pp.log"
 }
 fp32=(--epochs ${PP_EPOCHS:-2} --precision fp32 --batch-size 64 --seq-len 128 --max-train-pairs ${PP_FP32_PAIRS:-640})
