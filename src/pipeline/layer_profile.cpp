@@ -30,7 +30,8 @@ double time_layers(const model::GPT2Config& config, model::LayerRange range, int
   batch.global_target_tokens = rows * seq_len;
   stage.set_batch(batch);
   torch::Tensor hidden;
-  if (!stage.is_first()) hidden = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
+  if (!stage.is_first())
+    hidden = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
 
   // What the executor does per micro-batch: forward, then backward with the output's gradient
   // (the loss's own on the last stage). A received activation requires grad, as in the executor.
@@ -66,10 +67,11 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
               "pass at least one row, one token, one rep and one round (warmup >= 0)");
   const int64_t L = config.n_layer;
   LayerTimes t;
-  t.embedding = time_layers(config, {0, 1}, micro_rows, seq_len, bf16, device, warmup, reps, rounds);
+  t.embedding =
+      time_layers(config, {0, 1}, micro_rows, seq_len, bf16, device, warmup, reps, rounds);
   t.block = time_layers(config, {1, 2}, micro_rows, seq_len, bf16, device, warmup, reps, rounds);
-  t.head = time_layers(config, {L + 1, L + 2}, micro_rows, seq_len, bf16, device, warmup, reps,
-                       rounds);
+  t.head =
+      time_layers(config, {L + 1, L + 2}, micro_rows, seq_len, bf16, device, warmup, reps, rounds);
   return t;
 }
 

@@ -23,11 +23,11 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
   }
   costs.comm = comm;
   const int n = static_cast<int>(partition.size());
-  const SimResult sim = simulate(make_schedule(kind, n_microbatches, n), costs,
-                                 Transfers::kStreamPerDirection);
-  GPT2P_CHECK(sim.ok, "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
-                                           << ", n = " << n << " deadlocks: "
-                                           << sim.deadlock_reason,
+  const SimResult sim =
+      simulate(make_schedule(kind, n_microbatches, n), costs, Transfers::kStreamPerDirection);
+  GPT2P_CHECK(sim.ok,
+              "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
+                                   << ", n = " << n << " deadlocks: " << sim.deadlock_reason,
               "report this: every schedule pp_train runs must simulate without deadlock");
   return {sim.makespan, sim.bubble_fraction, sim.busy};
 }

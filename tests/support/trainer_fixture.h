@@ -21,7 +21,8 @@
 
 namespace gpt2p::testing {
 
-// $GPT2P_VOCAB_DIR, else <repo>/.cache/gpt2-vocab (found from $GPT2P_TEST_DATA = <repo>/tests/data).
+// $GPT2P_VOCAB_DIR, else <repo>/.cache/gpt2-vocab (found from $GPT2P_TEST_DATA =
+// <repo>/tests/data).
 inline std::string vocab_dir() {
   namespace fs = std::filesystem;
   if (const char* env = std::getenv("GPT2P_VOCAB_DIR"); env != nullptr && *env != '\0') return env;

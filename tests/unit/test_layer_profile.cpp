@@ -1,18 +1,19 @@
 // The layer profile behind --partition measured: it times the real stage code on this device and
 // turns the times into per-layer costs that the balanced split consumes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/pipeline/layer_profile.h"
 #include "gpt2p/pipeline/partition.h"
+#include "gpt2p/pipeline/plan.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 
@@ -61,13 +62,51 @@ TEST(LayerProfile, AMeasuredHeadMovesTheCut) {
 
 TEST(LayerProfile, BadArgumentsSayWhatToPass) {
   const auto config = model::preset("tiny");
-  EXPECT_NE(error_of([&] { measure_layer_times(config, 0, 8, false, c10::kCPU); })
-                .find("micro_rows 0"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { measure_layer_times(config, 1, 8, false, c10::kCPU, 0, 0); })
-                .find("reps 0"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { measure_layer_times(config, 0, 8, false, c10::kCPU); }).find("micro_rows 0"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of([&] { measure_layer_times(config, 1, 8, false, c10::kCPU, 0, 0); }).find("reps 0"),
+      std::string::npos);
   EXPECT_NE(error_of([] { layer_costs_from_times({}, 0); }).find("n_layer 0 < 1"),
+            std::string::npos);
+}
+
+TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
+  auto config = model::preset("tiny");
+  config.n_layer = 12;
+  config.n_embd = 32;
+  config.n_head = 2;
+  config.vocab_size = 300;
+  PlanSpec spec;
+  spec.stages = 8;
+  spec.batch_size = 4;
+  spec.seq_len = 8;
+  spec.microbatches = {1, 2};
+  spec.reps = 1;
+  const Plan plan = make_plan(config, spec, c10::kCPU);
+  EXPECT_EQ(plan.times.size(), 2U);  // 4 and 2 rows
+  // 12 blocks on 8 stages: HW5's ceil(12/8) = 2 per stage fills 6 stages and leaves one empty.
+  ASSERT_EQ(plan.notes.size(), 1U);
+  EXPECT_NE(plan.notes[0].find("no uniform split"), std::string::npos) << plan.notes[0];
+  // balanced and measured: M = 1 (model_parallel) + M = 2 (gpipe, 1f1b).
+  ASSERT_EQ(plan.rows.size(), 6U);
+  for (const auto& r : plan.rows) {
+    EXPECT_NE(r.partition, "uniform");
+    EXPECT_GT(r.step_s, 0.0);
+    EXPECT_EQ(r.stage_busy_s.size(), 8U);
+    if (r.schedule == "model_parallel") {
+      EXPECT_DOUBLE_EQ(r.speedup, 1.0);
+    }
+  }
+  const auto doc = to_json(plan, 12);
+  EXPECT_EQ(doc["predictions"].size(), 6U);
+  EXPECT_EQ(doc["layer_costs_s_by_rows"]["2"].size(), 14U);
+  EXPECT_NE(error_of([&] {
+              PlanSpec bad = spec;
+              bad.microbatches = {3};
+              make_plan(config, bad, c10::kCPU);
+            }).find("3 micro-batches do not divide the batch of 4"),
             std::string::npos);
 }
 

@@ -39,7 +39,7 @@ TEST(Predict, EqualStagesGiveGPipesBubble) {
 
 TEST(Predict, OneMicroBatchIsTheSumOfTheStages) {
   const std::vector<double> costs{0.5, 2.0, 2.0, 2.0, 6.0};  // embedding, 3 blocks, head
-  const Partition split{{0, 2}, {2, 5}};                      // 2.5 | 10
+  const Partition split{{0, 2}, {2, 5}};                     // 2.5 | 10
   const auto p = predict_step(ScheduleKind::kGPipe, 1, split, costs);
   EXPECT_NEAR(p.step, 12.5, 1e-9);
   EXPECT_NEAR(p.bubble, 1.0 - 12.5 / (2 * 12.5), 1e-9);
@@ -65,14 +65,17 @@ TEST(Predict, TransfersAddToTheCriticalPath) {
 TEST(Predict, BadInputSaysWhatToPass) {
   const auto costs = equal_stage_costs(2);
   const auto split = partition_balanced(costs, 2);
-  EXPECT_NE(error_of([&] { predict_step(ScheduleKind::kGPipe, 0, split, costs); })
-                .find("0 micro-batches"),
+  EXPECT_NE(error_of([&] {
+              predict_step(ScheduleKind::kGPipe, 0, split, costs);
+            }).find("0 micro-batches"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { predict_step(ScheduleKind::kGPipe, 2, split, costs, 0.0, 1.0); })
-                .find("forward_share 1"),
+  EXPECT_NE(error_of([&] {
+              predict_step(ScheduleKind::kGPipe, 2, split, costs, 0.0, 1.0);
+            }).find("forward_share 1"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { predict_step(ScheduleKind::kGPipe, 2, split, {1.0, 2.0}); })
-                .find("stage_costs"),
+  EXPECT_NE(error_of([&] {
+              predict_step(ScheduleKind::kGPipe, 2, split, {1.0, 2.0});
+            }).find("stage_costs"),
             std::string::npos);
 }
 

@@ -1,0 +1,56 @@
+// The pipeline planner behind pp_plan: layer times measured on one device (layer_profile.h) for
+// every micro-batch size, the split each --partition gives, and the simulator's prediction
+// (predict.h) for every partition x schedule x M, relative to model parallelism on the same split.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpt2p/model/config.h"
+#include "gpt2p/pipeline/layer_profile.h"
+
+namespace gpt2p::pipeline {
+
+struct PlanSpec {
+  int stages = 2;
+  int64_t batch_size = 64;  // sequences per step (global)
+  int64_t seq_len = 128;
+  bool bf16 = false;                              // autocast, as pp_train --precision bf16
+  std::vector<int> microbatches{1, 2, 4, 8, 16};  // each divides batch_size
+  double link_gbs = 200;  // GB/s of one activation/gradient transfer (fp32 activations)
+  int reps = 5;           // timed iterations per round of the layer profile
+};
+
+struct PlanRow {
+  std::string partition;  // uniform | balanced | measured
+  std::string split;      // "0-8|9-13"
+  std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b
+  int microbatches = 1;
+  double step_s = 0;
+  double speedup = 0;  // over model_parallel on the same split
+  double ideal = 0;    // n m / (m + n - 1): equal stages, no loss of efficiency
+  double idle = 0;     // idle fraction of all stages
+  std::vector<double> stage_busy_s;
+};
+
+struct Plan {
+  std::map<int64_t, LayerTimes> times;  // micro-batch rows -> measured layer times
+  std::vector<PlanRow> rows;            // partition, then M, then schedule
+  std::vector<std::string> notes;       // e.g. why a partition has no rows
+};
+
+// Measures (M = 1, the model-parallel baseline, always) and predicts. Throws gpt2p::Error for an M
+// that does not divide the batch, or more stages than blocks. A uniform split that leaves a stage
+// empty (e.g. 12 blocks on 8 stages) gives no uniform rows and a note.
+Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
+
+// {"layer_costs_s_by_rows": {"64": [...], ...}, "predictions": [{partition, split, schedule,
+// microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction, stage_busy_s}]}
+nlohmann::json to_json(const Plan& plan, int n_layer);
+
+}  // namespace gpt2p::pipeline
