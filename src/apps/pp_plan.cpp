@@ -23,6 +23,7 @@ using gpt2p::cli::UsageError;
 struct Flags {
   std::string preset, precision = "fp32", device = "auto", json_out;
   int64_t n_layer = 0, n_embd = 0, n_head = 0, vocab_size = 50260;
+  double dropout = -1;
   gpt2p::pipeline::PlanSpec spec;
 };
 
@@ -55,6 +56,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("n-layer", po::value(&f.n_layer), "override: number of transformer blocks")
       ("n-embd", po::value(&f.n_embd), "override: embedding width")
       ("n-head", po::value(&f.n_head), "override: attention heads")
+      ("dropout", po::value(&f.dropout), "override: dropout probability (preset: 0.1)")
       ("vocab-size", po::value(&f.vocab_size)->default_value(f.vocab_size), "tokens in the vocabulary (GPT-2's 50257 + our 3 specials)")
       ("stages", po::value(&s.stages)->default_value(s.stages), "pipeline stages (pp_train's ranks)")
       ("batch-size", po::value(&s.batch_size)->default_value(s.batch_size), "global batch, sequences per step")
@@ -101,6 +103,7 @@ int run(const Flags& f) {
   if (f.n_layer > 0) config.n_layer = f.n_layer;
   if (f.n_embd > 0) config.n_embd = f.n_embd;
   if (f.n_head > 0) config.n_head = f.n_head;
+  if (f.dropout >= 0) config.dropout = f.dropout;
   config.vocab_size = f.vocab_size;
   config.n_ctx = std::max(config.n_ctx, f.spec.seq_len);
   config.validate();
