@@ -9,6 +9,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/evaluator.h"
+#include "gpt2p/parallel/grad_norm.h"
 #include "gpt2p/parallel/grad_sync.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_common.h"
@@ -130,7 +131,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       sync->end_backward();
       const int sync_mark = 2 * cfg.grad_accum + 1;
       clock.mark(sync_mark);
-      if (cfg.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
+      if (cfg.grad_clip > 0) clip_grad_norm(params, cfg.grad_clip);
       optimizer.step();
       for (auto& p : params) p.mutable_grad() = torch::Tensor();
       clock.mark(sync_mark + 1);

@@ -4,6 +4,7 @@
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/parallel/grad_norm.h"
 #include "gpt2p/parallel/run_context.h"
 
 namespace gpt2p::pipeline {
@@ -97,22 +98,17 @@ void sync_tied_gradient(model::GPT2Impl& model, comm::Communicator& comm) {
 double clip_grad_norm_pipeline(model::GPT2Impl& model, comm::Communicator* comm, double max_norm) {
   const auto tied = model.tied_parameter();
   const bool skip_tied = !model.has_embedding();  // the head's copy: counted on the first stage
-  auto options = torch::TensorOptions().dtype(torch::kFloat64);
-  torch::Tensor sq =
-      torch::zeros({1}, options.device(comm != nullptr ? comm->device() : torch::kCPU));
-  std::vector<torch::Tensor> grads;
+  std::vector<torch::Tensor> grads, counted;
   for (auto& p : model.parameters()) {
     if (!p.grad().defined()) continue;
     grads.push_back(p.grad());
-    if (skip_tied && tied.defined() && p.is_same(tied)) continue;
-    sq += p.grad().to(torch::kFloat64).pow(2).sum().to(sq.device());
+    if (!(skip_tied && tied.defined() && p.is_same(tied))) counted.push_back(p.grad());
   }
+  const torch::Device device = comm != nullptr ? comm->device() : torch::Device(torch::kCPU);
+  torch::Tensor sq = parallel::grad_sq_norm(counted).to(device).reshape({1});
   if (comm != nullptr && comm->size() > 1) comm->all_reduce(sq, comm::ReduceOp::kSum);
   const double norm = std::sqrt(sq.item<double>());
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    for (auto& g : grads) g.mul_(coef);
-  }
+  parallel::scale_to_max_norm(grads, norm, max_norm);
   return norm;
 }
 

@@ -1,0 +1,25 @@
+// Gradient-norm clipping with PyTorch's multi-tensor kernels: torch.nn.utils.clip_grad_norm_'s rule
+// (scale every gradient by max_norm / (norm + 1e-6) when that is below 1) in a few launches, where
+// libtorch's C++ clip_grad_norm_ runs a chain of kernels per parameter (~150 for GPT-2, 1-2 ms of
+// launches per step on a GPU).
+#pragma once
+
+#include <torch/types.h>
+
+#include <vector>
+
+namespace gpt2p::parallel {
+
+// Sum of squares of every element of `grads`, as a float64 scalar tensor on their device (CPU for
+// an empty list). Per-tensor norms come from one _foreach_norm call; their squares add in float64.
+torch::Tensor grad_sq_norm(const std::vector<torch::Tensor>& grads);
+
+// Scales `grads` in place by max_norm / (norm + 1e-6) when that is below 1. Returns the factor used
+// (1 when nothing was scaled).
+double scale_to_max_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
+
+// clip_grad_norm_ over the defined gradients of `params`; returns their total norm before
+// clipping.
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
+
+}  // namespace gpt2p::parallel

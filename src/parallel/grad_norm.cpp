@@ -1,0 +1,34 @@
+#include "gpt2p/parallel/grad_norm.h"
+
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_norm.h>
+
+#include <cmath>
+
+namespace gpt2p::parallel {
+
+torch::Tensor grad_sq_norm(const std::vector<torch::Tensor>& grads) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  if (grads.empty()) return torch::zeros({}, f64);
+  const std::vector<torch::Tensor> norms = at::_foreach_norm(grads, 2);
+  return torch::stack(norms).to(torch::kFloat64).pow(2).sum();
+}
+
+double scale_to_max_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0 || grads.empty()) return 1.0;
+  at::_foreach_mul_(grads, coef);
+  return coef;
+}
+
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  const double norm = std::sqrt(grad_sq_norm(grads).item<double>());
+  scale_to_max_norm(grads, norm, max_norm);
+  return norm;
+}
+
+}  // namespace gpt2p::parallel
