@@ -4,6 +4,7 @@
 # median forward/backward per run (epochs after the first).
 # usage: autocast_ab.sh BUILD_DIR OUT_DIR
 set -uo pipefail
+source "$(dirname "$0")/../lib.sh"  # mpirun as root, NCCL settings
 bin=$1; out=$2
 runs=$out/autocast_runs; mkdir -p "$runs"
 data=.cache/data/ding-gpt2.h5
