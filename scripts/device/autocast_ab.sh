@@ -11,8 +11,9 @@ data=.cache/data/ding-gpt2.h5
 [ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
 common=(--data "$data" --epochs 2 --precision bf16 --seq-len 1024 --max-train-pairs 320
         --translate-samples 0 --max-eval-pairs 16 --log-every 1000 --save-every -1)
-for cache in 0 1; do
-  for m in 4 8; do
+# AB_ORDER="1 0" runs the cached ones first; AB_MS picks the pipeline's micro-batch counts.
+for cache in ${AB_ORDER:-0 1}; do
+  for m in ${AB_MS:-4 8}; do
     GPT2P_AUTOCAST_CACHE=$cache timeout 90 mpirun -np 1 -x GPT2P_AUTOCAST_CACHE "$bin/pp_train" "${common[@]}" \
       --batch-size 32 --schedule 1f1b --microbatches $m --out "$runs/pp_m${m}_cache$cache" >>"$out/autocast.log" 2>&1
   done
