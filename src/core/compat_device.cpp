@@ -1,5 +1,4 @@
-// Device-related differences between libtorch versions, and the CUDA calls that only CUDA builds
-// make.
+// Device-related differences between libtorch versions, and the CUDA calls that only CUDA builds make.
 #include <ATen/autocast_mode.h>
 #include <sys/resource.h>
 
@@ -55,20 +54,6 @@ AutocastGuard::~AutocastGuard() {
     at::autocast::set_cpu_enabled(previous_);
   }
 #endif
-}
-
-AutocastCacheScope::AutocastCacheScope(bool enabled) : enabled_(enabled) {
-  if (const char* env = std::getenv("GPT2P_AUTOCAST_CACHE");
-      env != nullptr && std::string(env) == "0") {
-    enabled_ = false;
-  }
-  // Autocast drops its cache when the outermost region ends (nesting back to 0): holding one level
-  // here keeps the inner guards from dropping it.
-  if (enabled_) at::autocast::increment_nesting();
-}
-
-AutocastCacheScope::~AutocastCacheScope() {
-  if (enabled_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
 }
 
 bool cuda_available() {
@@ -157,8 +142,7 @@ DeviceClock::~DeviceClock() {
 }
 
 void DeviceClock::mark(int i) {
-  GPT2P_CHECK(i >= 0 && i < static_cast<int>(impl_->host.size()),
-              "clock mark " << i << " out of range", "this is a bug");
+  GPT2P_CHECK(i >= 0 && i < static_cast<int>(impl_->host.size()), "clock mark " << i << " out of range", "this is a bug");
 #ifdef GPT2P_WITH_CUDA
   if (impl_->cuda) {
     GPT2P_CHECK(cudaEventRecord(impl_->events[i], at::cuda::getCurrentCUDAStream()) == cudaSuccess,
@@ -172,8 +156,8 @@ void DeviceClock::mark(int i) {
 double DeviceClock::elapsed(int a, int b) {
 #ifdef GPT2P_WITH_CUDA
   if (impl_->cuda) {
-    GPT2P_CHECK(cudaEventSynchronize(impl_->events[b]) == cudaSuccess,
-                "cudaEventSynchronize failed", "check the GPU is usable (nvidia-smi)");
+    GPT2P_CHECK(cudaEventSynchronize(impl_->events[b]) == cudaSuccess, "cudaEventSynchronize failed",
+                "check the GPU is usable (nvidia-smi)");
     float ms = 0;
     GPT2P_CHECK(cudaEventElapsedTime(&ms, impl_->events[a], impl_->events[b]) == cudaSuccess,
                 "cudaEventElapsedTime failed", "this is a bug: mark both points first");
@@ -255,8 +239,8 @@ bool FusedAdamW::fused_step() {
         synced_steps_.push_back(-1);
       }
       if (synced_steps_[slot] != st.step() || device_steps_[slot].device() != p.device()) {
-        device_steps_[slot] =
-            torch::full({}, static_cast<float>(st.step()), p.options().dtype(torch::kFloat32));
+        device_steps_[slot] = torch::full({}, static_cast<float>(st.step()),
+                                          p.options().dtype(torch::kFloat32));
       }
       st.step(st.step() + 1);  // the device counts get their +1 below, before the kernel
       synced_steps_[slot] = st.step();

@@ -86,12 +86,13 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
   return pipeline::partition_balanced(costs, n_stages);
 }
 
-std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
-                                         int64_t micro_rows, int64_t seq_len, bool bf16) {
+std::vector<double> measured_layer_costs(comm::Communicator& comm,
+                                         const model::GPT2Config& config, int64_t micro_rows,
+                                         int64_t seq_len, bool bf16) {
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
-    const auto times =
-        pipeline::measure_layer_times(config, micro_rows, seq_len, bf16, comm.device());
+    const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, bf16,
+                                                     comm.device());
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());
   }
   t = t.to(comm.device());
@@ -135,8 +136,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   const bool bf16 = cfg.precision == "bf16";
   std::vector<double> costs;
   if (cfg.partition == "measured" && cfg.resume.empty()) {
-    costs =
-        measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len, bf16);
+    costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
+                                 bf16);
     compat::reset_peak_memory(ctx.device);
   }
   const auto split = cfg.resume.empty()
@@ -192,11 +193,10 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
         cfg.resume.empty() ? cfg.partition.c_str() : "checkpoint's",
         pipeline::to_string(split).c_str());
     if (!costs.empty()) {
-      std::printf(
-          "  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
-          " (= %.2f blocks)\n",
-          1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
-          costs[1] > 0 ? costs.back() / costs[1] : 0.0);
+      std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
+                  " (= %.2f blocks)\n",
+                  1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
+                  costs[1] > 0 ? costs.back() / costs[1] : 0.0);
     }
     std::fflush(stdout);
   }
@@ -226,12 +226,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       auto dev = to_device(batch.batch, ctx.device);
       stage.set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens});
       rec.data = since(t0);
-      pipeline::StepTimes times;
-      {
-        // Each weight is cast to bf16 once per step, not once per micro-batch.
-        compat::AutocastCacheScope cast_once(bf16);
-        times = executor.run_step(step, rec.start + rec.data);
-      }
+      const auto times = executor.run_step(step, rec.start + rec.data);
       clock.mark(0);
       pipeline::sync_tied_gradient(*model, *ctx.comm);
       clock.mark(1);

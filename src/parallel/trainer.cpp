@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
@@ -27,8 +26,7 @@ struct Step {
 
 }  // namespace
 
-int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
-                        const Topology& topo) {
+int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, const Topology& topo) {
   const char* name = program == cli::Program::kSingle ? "gpt2_train" : "dp_train";
   auto ctx = make_run_context(cfg_in, program, topo);
   const auto& cfg = ctx.cfg;
@@ -37,13 +35,12 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
               "use mpirun -np N dp_train for data parallelism");
   const int world = topo.size;
   const int rank = topo.rank;
-  GPT2P_CHECK(
-      cfg.batch_size % world == 0,
-      "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
-      "pass a global batch that is a multiple of the number of ranks");
+  GPT2P_CHECK(cfg.batch_size % world == 0,
+              "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
+              "pass a global batch that is a multiple of the number of ranks");
 
-  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(),
-                  cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
+  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
+                  cfg.batch_size, cfg.seq_len, cfg.seed},
                  rank, world);
   const int64_t micro = data.local_batch() / cfg.grad_accum;
   GPT2P_CHECK(micro * cfg.grad_accum == data.local_batch(),
@@ -79,13 +76,12 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
     return model->forward(ids).to(torch::kFloat32);
   };
   if (rank == 0) {
-    std::printf(
-        "%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
-        "sync %s\n",
-        name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
-        model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
-        static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-        sync->name().c_str());
+    std::printf("%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
+                "sync %s\n",
+                name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+                model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
+                static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+                sync->name().c_str());
     std::fflush(stdout);
   }
 
@@ -117,9 +113,6 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
       rec.data = since(t0);
       clock.mark(0);
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
-      // Accumulation micro-steps share one bf16 copy of each weight; dropped before the optimizer.
-      std::optional<compat::AutocastCacheScope> cast_once(std::in_place,
-                                                          bf16 && cfg.grad_accum > 1);
       for (int k = 0; k < cfg.grad_accum; ++k) {
         torch::Tensor loss;
         {
@@ -135,7 +128,6 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
         clock.mark(2 + 2 * k);
         loss_sum += loss.detach();
       }
-      cast_once.reset();
       sync->end_backward();
       const int sync_mark = 2 * cfg.grad_accum + 1;
       clock.mark(sync_mark);
@@ -155,15 +147,11 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
       rec.padded_tokens = batch.batch.padded_tokens;
       rec.target_tokens = batch.batch.target_tokens;
       // loss_sum = local masked CE sum * world / global targets; report this rank's mean.
-      const double local_sum =
-          loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world;
-      rec.loss = batch.batch.target_tokens > 0
-                     ? local_sum / static_cast<double>(batch.batch.target_tokens)
-                     : 0.0;
+      const double local_sum = loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world;
+      rec.loss = batch.batch.target_tokens > 0 ? local_sum / static_cast<double>(batch.batch.target_tokens) : 0.0;
       rec.lr = cfg.lr;
-      finish_step(
-          recorder, rec, totals,
-          {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, static_cast<double>(world)});
+      finish_step(recorder, rec, totals,
+                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, static_cast<double>(world)});
       if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); })) {
         done = true;
         break;
@@ -186,8 +174,8 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
       }
     }
     if (rank == 0) {
-      std::printf("epoch %lld: validation loss %.4f perplexity %.2f",
-                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f", static_cast<long long>(epoch + 1),
+                  val.loss, val.perplexity);
       if (cfg.translate_samples > 0) {
         std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg.translate_samples), bleu);
       }
@@ -199,8 +187,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program,
     // Evaluation and rank 0's checkpoint must not leak into another rank's next timed step.
     if (world > 1) ctx.comm->barrier();
   }
-  recorder.set_attribute("peak_memory_bytes",
-                         static_cast<double>(compat::peak_memory_bytes(ctx.device)));
+  recorder.set_attribute("peak_memory_bytes", static_cast<double>(compat::peak_memory_bytes(ctx.device)));
   recorder.close();
   if (world > 1) ctx.comm->barrier();
   return 0;

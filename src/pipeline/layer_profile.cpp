@@ -41,8 +41,6 @@ double time_layers(const model::GPT2Config& config, model::LayerRange range, int
     const torch::Tensor out = stage.forward(0, input);
     stage.backward(0, out, stage.is_last() ? torch::Tensor() : torch::ones_like(out));
   };
-  // As in a pp_train step, each weight is cast to bf16 once, not once per micro-batch.
-  compat::AutocastCacheScope cast_once(bf16);
   for (int i = 0; i < warmup; ++i) iteration();
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < rounds; ++r) {

@@ -56,22 +56,6 @@ class AutocastGuard {
   bool previous_ = false;
 };
 
-// While alive, autocast keeps the bf16 copies it makes of the weights: every forward under an
-// AutocastGuard inside the scope reuses them instead of casting each weight again (a pipeline
-// step runs one forward per micro-batch). On exit the copies are dropped, so weights changed
-// afterwards (the optimizer step) are cast anew. A no-op when !enabled or when
-// GPT2P_AUTOCAST_CACHE=0 is set in the environment (to compare).
-class AutocastCacheScope {
- public:
-  explicit AutocastCacheScope(bool enabled);
-  ~AutocastCacheScope();
-  AutocastCacheScope(const AutocastCacheScope&) = delete;
-  AutocastCacheScope& operator=(const AutocastCacheScope&) = delete;
-
- private:
-  bool enabled_;
-};
-
 // Whether this build has CUDA and at least one GPU is visible.
 bool cuda_available();
 // The GPU's name ("NVIDIA H200"), or "" for the CPU.
