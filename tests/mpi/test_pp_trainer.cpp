@@ -58,13 +58,7 @@ TEST_F(PipelineTrainer, MeasuredSplitTrainsCheckpointsAndResumesOnItsSplit) {
   EXPECT_EQ(read_attribute(rank_file("b"), "layer_end"), saved.end);
 
   ASSERT_EQ(train_pipeline(config("c", 3, "uniform"), topo), 0);
-  const auto full = read_column(rank_file("c"), "/steps/loss");
-  ASSERT_EQ(full.size(), 3U);
-  const auto head = read_column(a, "/steps/loss");
-  EXPECT_NEAR(head[0], full[0], 1e-5 * full[0]);
-  EXPECT_NEAR(head[1], full[1], 1e-5 * full[1]);
-  EXPECT_NEAR(read_column(rank_file("b"), "/steps/loss")[0], full[2], 1e-5 * full[2])
-      << "the resumed step must see the same batch and parameters as the uninterrupted run";
+  expect_resume_continues_the_run(1e-5);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
+#include "support/h5_read.h"
 
 namespace gpt2p::testing {
 
@@ -110,6 +111,20 @@ class TrainerTest : public ::testing::Test {
   }
   std::string rank_file(const std::string& out) const {
     return dir + "/" + out + "/rank" + std::to_string(comm->rank()) + ".h5";
+  }
+
+  // Run "a" stopped after 2 steps with a checkpoint, "b" resumed from it for step 2, and "c" ran 3
+  // steps without stopping: a's two losses and b's one continue c's within rel_tol.
+  void expect_resume_continues_the_run(double rel_tol) const {
+    const auto full = read_column(rank_file("c"), "/steps/loss");
+    ASSERT_EQ(full.size(), 3U);
+    const auto head = read_column(rank_file("a"), "/steps/loss");
+    ASSERT_EQ(head.size(), 2U);
+    EXPECT_NEAR(head[0], full[0], rel_tol * full[0]);
+    EXPECT_NEAR(head[1], full[1], rel_tol * full[1]);
+    EXPECT_NEAR(read_column(rank_file("b"), "/steps/loss")[0], full[2], rel_tol * full[2])
+        << "the resumed step must see the same batch and parameters as the uninterrupted run";
+    EXPECT_NE(full[2], full[1]);
   }
 
   std::unique_ptr<comm::Communicator> comm = comm::make_mpi_communicator();
