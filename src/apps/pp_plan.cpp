@@ -12,8 +12,10 @@
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
+#include "gpt2p/cli/train_options.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/compat.h"
+#include "gpt2p/parallel/run_context.h"
 #include "gpt2p/pipeline/plan.h"
 
 namespace {
@@ -21,9 +23,9 @@ namespace {
 using gpt2p::cli::UsageError;
 
 struct Flags {
-  std::string preset, precision = "fp32", device = "auto", json_out;
-  int64_t n_layer = 0, n_embd = 0, n_head = 0, vocab_size = 50260;
-  double dropout = -1;
+  std::string precision = "fp32", device = "auto", json_out;
+  int64_t vocab_size = 50260;
+  gpt2p::cli::TrainConfig model;  // preset and overrides, resolved as the trainers resolve them
   gpt2p::pipeline::PlanSpec spec;
 };
 
@@ -52,11 +54,11 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   std::string ms = "1,2,4,8,16";
   po::options_description desc("pp_plan options");
   desc.add_options()
-      ("preset", po::value(&f.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
-      ("n-layer", po::value(&f.n_layer), "override: number of transformer blocks")
-      ("n-embd", po::value(&f.n_embd), "override: embedding width")
-      ("n-head", po::value(&f.n_head), "override: attention heads")
-      ("dropout", po::value(&f.dropout), "override: dropout probability (preset: 0.1)")
+      ("preset", po::value(&f.model.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
+      ("n-layer", po::value(&f.model.n_layer), "override: number of transformer blocks")
+      ("n-embd", po::value(&f.model.n_embd), "override: embedding width")
+      ("n-head", po::value(&f.model.n_head), "override: attention heads")
+      ("dropout", po::value(&f.model.dropout), "override: dropout probability (preset: 0.1)")
       ("vocab-size", po::value(&f.vocab_size)->default_value(f.vocab_size), "tokens in the vocabulary (GPT-2's 50257 + our 3 specials)")
       ("stages", po::value(&s.stages)->default_value(s.stages), "pipeline stages (pp_train's ranks)")
       ("batch-size", po::value(&s.batch_size)->default_value(s.batch_size), "global batch, sequences per step")
@@ -81,7 +83,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
     throw UsageError("--device '" + f.device + "': use auto, cpu or cuda");
   if (f.device == "cuda" && !cuda)
     throw UsageError("--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
-  if (f.preset.empty()) f.preset = f.device == "cuda" ? "gpt2" : "tiny";
+  if (f.model.preset.empty()) f.model.preset = f.device == "cuda" ? "gpt2" : "tiny";
   if (f.precision != "fp32" && f.precision != "tf32" && f.precision != "bf16")
     throw UsageError("--precision '" + f.precision + "': use fp32, tf32 or bf16");
   s.bf16 = f.precision == "bf16";
@@ -99,14 +101,9 @@ bool parse_flags(int argc, char** argv, Flags& f) {
 
 int run(const Flags& f) {
   namespace pl = gpt2p::pipeline;
-  auto config = gpt2p::model::preset(f.preset);
-  if (f.n_layer > 0) config.n_layer = f.n_layer;
-  if (f.n_embd > 0) config.n_embd = f.n_embd;
-  if (f.n_head > 0) config.n_head = f.n_head;
-  if (f.dropout >= 0) config.dropout = f.dropout;
-  config.vocab_size = f.vocab_size;
-  config.n_ctx = std::max(config.n_ctx, f.spec.seq_len);
-  config.validate();
+  gpt2p::cli::TrainConfig model = f.model;
+  model.seq_len = f.spec.seq_len;
+  const auto config = gpt2p::parallel::model_config_for(model, f.vocab_size);
   const c10::Device device = f.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   gpt2p::compat::set_strict_fp32(f.precision == "fp32");
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";

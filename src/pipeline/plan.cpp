@@ -1,6 +1,7 @@
 #include "gpt2p/pipeline/plan.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/partition.h"
@@ -36,18 +37,19 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
            (spec.link_gbs * 1e9);
   };
   const int n = spec.stages;
+  // uniform and balanced cut the same way for every M; measured cuts by that M's layer times.
+  std::optional<Partition> uniform;
+  try {
+    uniform = partition_uniform(L, n);
+  } catch (const Error& e) {
+    plan.notes.push_back(std::string("no uniform split: ") + e.what());
+  }
+  const Partition balanced = partition_balanced(flops, n);
   for (const std::string partition : {"uniform", "balanced", "measured"}) {
-    if (partition == "uniform") {
-      try {
-        partition_uniform(L, n);
-      } catch (const Error& e) {
-        plan.notes.push_back(std::string("no uniform split: ") + e.what());
-        continue;
-      }
-    }
+    if (partition == "uniform" && !uniform) continue;
     for (int m : spec.microbatches) {
-      const Partition split = partition == "uniform"    ? partition_uniform(L, n)
-                              : partition == "balanced" ? partition_balanced(flops, n)
+      const Partition split = partition == "uniform"    ? *uniform
+                              : partition == "balanced" ? balanced
                                                         : partition_balanced(costs[m], n);
       // model_parallel on the same split: the whole batch as one micro-batch.
       const double mp = predict_step(ScheduleKind::kGPipe, 1, split, costs[1], transfer(1)).step;
