@@ -51,7 +51,7 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text) {
 bool parse_flags(int argc, char** argv, Flags& f) {
   namespace po = gpt2p::cli::po;
   auto& s = f.spec;
-  std::string ms = "1,2,4,8,16";
+  std::string ms = "1,2,4,8,16", vs = "1,2";
   po::options_description desc("pp_plan options");
   desc.add_options()
       ("preset", po::value(&f.model.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
@@ -66,6 +66,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("precision", po::value(&f.precision)->default_value(f.precision), "fp32 | tf32 | bf16 (autocast), as pp_train")
       ("device", po::value(&f.device)->default_value(f.device), "auto | cpu | cuda: where the layers are timed")
       ("microbatches", po::value(&ms)->default_value(ms), "micro-batch counts M to predict, comma-separated (each must divide --batch-size)")
+      ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
       ("link-gbs", po::value(&s.link_gbs)->default_value(s.link_gbs), "GB/s of one activation or gradient transfer between stages (NVLink on H200: ~250)")
       ("reps", po::value(&s.reps)->default_value(s.reps), "timed iterations per round of the layer profile")
       ("json-out", po::value(&f.json_out)->default_value(""), "also write every prediction to this JSON file (atomically)");
@@ -77,6 +78,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
     return false;
   }
   s.microbatches = parse_list("microbatches", ms);
+  s.stages_per_rank = parse_list("stages-per-rank", vs);
   const bool cuda = gpt2p::compat::cuda_available();
   if (f.device == "auto") f.device = cuda ? "cuda" : "cpu";
   if (f.device != "cpu" && f.device != "cuda")
@@ -121,12 +123,13 @@ int run(const Flags& f) {
                 1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block);
   }
   for (const auto& note : plan.notes) std::printf("# %s\n", note.c_str());
-  std::printf("%-9s %-12s %-8s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule", "M",
-              "rows", "step_ms", "speedup", "ideal", "idle");
+  std::printf("%-9s %-24s %-11s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",
+              "V", "M", "rows", "step_ms", "speedup", "ideal", "idle");
   for (const auto& r : plan.rows) {
-    std::printf("%-9s %-12s %-8s %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
+    std::printf("%-9s %-24s %-11s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
                 r.split.c_str(), r.schedule == "model_parallel" ? "mp" : r.schedule.c_str(),
-                r.microbatches, static_cast<long long>(f.spec.batch_size / r.microbatches),
+                r.stages_per_rank, r.microbatches,
+                static_cast<long long>(f.spec.batch_size / r.microbatches),
                 1e3 * r.step_s, r.speedup, r.ideal, 100.0 * r.idle);
   }
   if (!f.json_out.empty()) {

@@ -80,7 +80,8 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
     po::options_description pp("Pipeline parallel");
     pp.add_options()
         ("mode", po::value(&c.mode)->default_value(c.mode), "pipeline | model_parallel (whole batch as one micro-batch, HW5's baseline)")
-        ("schedule", po::value(&c.schedule)->default_value(c.schedule), "gpipe | 1f1b")
+        ("schedule", po::value(&c.schedule)->default_value(c.schedule), "gpipe | 1f1b | interleaved (1F1B over --stages-per-rank stages per rank, Megatron's virtual pipeline: a smaller bubble at the same micro-batch size; --microbatches a multiple of the ranks)")
+        ("stages-per-rank", po::value(&c.stages_per_rank)->default_value(c.stages_per_rank), "stages each rank holds, rank r the stages r, r + ranks, ...: 1 for gpipe and 1f1b, >= 2 for interleaved (0 = 2 there)")
         ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size")
         ("partition", po::value(&c.partition)->default_value(c.partition), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split");
     desc.add(pp);
@@ -124,7 +125,15 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require_one_of("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
   require_one_of("mode", c.mode, {"pipeline", "model_parallel"});
-  require_one_of("schedule", c.schedule, {"gpipe", "1f1b"});
+  require_one_of("schedule", c.schedule, {"gpipe", "1f1b", "interleaved"});
+  if (c.mode == "model_parallel" && c.schedule == "interleaved") {
+    c.schedule = "1f1b";  // one micro-batch over one stage per rank: every schedule is the same
+    c.stages_per_rank = 1;
+  }
+  if (c.stages_per_rank == 0) c.stages_per_rank = c.schedule == "interleaved" ? 2 : 1;
+  require(c.schedule == "interleaved" ? c.stages_per_rank >= 2 : c.stages_per_rank == 1,
+          "--stages-per-rank " + std::to_string(c.stages_per_rank) + " does not fit --schedule " +
+              c.schedule + ": use 1 with gpipe and 1f1b, 2 or more with interleaved");
   require_one_of("partition", c.partition, {"uniform", "balanced", "measured"});
   require(c.microbatches > 0, "--microbatches must be positive");
   if (program == Program::kPipeline && c.mode == "model_parallel") c.microbatches = 1;
@@ -145,6 +154,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"translate_samples", c.translate_samples}, {"grad_sync", c.grad_sync},
           {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype}, {"mode", c.mode},
           {"schedule", c.schedule}, {"microbatches", c.microbatches},
+          {"stages_per_rank", c.stages_per_rank},
           {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};
 }
 
@@ -155,7 +165,8 @@ bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) 
   static const char* const kSummary[] = {
       "Single-rank GPT-2 training on German->English pairs (CPU or one GPU).",
       "Data-parallel GPT-2 training: mpirun -np N dp_train [options]; gradients averaged each step.",
-      "Pipeline-parallel GPT-2 training: mpirun -np STAGES pp_train [options] (GPipe or 1F1B)."};
+      "Pipeline-parallel GPT-2 training: mpirun -np RANKS pp_train [options] (GPipe, 1F1B or "
+      "interleaved 1F1B)."};
   return parse_or_help(program_name(program), kSummary[static_cast<int>(program)], desc, argc,
                        argv, vm);
 }

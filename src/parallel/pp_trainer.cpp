@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
@@ -17,14 +18,16 @@
 namespace gpt2p::parallel {
 namespace {
 
-// Validation loss through the pipeline, forward only: micro-batches flow stage to stage, the last
-// stage sums the masked CE and broadcasts (sum, count); every rank returns the same value.
-LossResult pipeline_validation_loss(model::GPT2& model, comm::Communicator& comm,
-                                    const data::Split& split, int64_t max_pairs, int64_t batch_size,
-                                    int64_t seq_len, const data::SpecialTokens& special,
-                                    bool bf16) {
+// Validation loss through the pipeline, forward only: micro-batches flow stage to stage (this
+// rank's `stages` are rank + c * ranks), the last stage sums the masked CE and broadcasts
+// (sum, count); every rank returns the same value.
+LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
+                                    comm::Communicator& comm, const data::Split& split,
+                                    int64_t max_pairs, int64_t batch_size, int64_t seq_len,
+                                    const data::SpecialTokens& special, bool bf16) {
   torch::NoGradGuard no_grad;
   const int n = comm.size(), rank = comm.rank();
+  const int n_stages = n * static_cast<int>(stages.size());
   const auto device = comm.device();
   const int64_t total = max_pairs > 0 ? std::min(max_pairs, split.size()) : split.size();
   double sum = 0, count = 0;
@@ -32,24 +35,28 @@ LossResult pipeline_validation_loss(model::GPT2& model, comm::Communicator& comm
     std::vector<int64_t> idx;
     for (int64_t i = b; i < std::min(total, b + batch_size); ++i) idx.push_back(i);
     const auto dev = to_device(data::make_batch(split, idx, seq_len, special), device);
-    torch::Tensor x = dev.inputs;
-    if (rank > 0) {
-      x = torch::empty({dev.inputs.size(0), seq_len, model->config().n_embd},
-                       torch::TensorOptions().dtype(torch::kFloat32).device(device));
-      comm.recv(x, rank - 1);
-    }
-    torch::Tensor y;
-    {
-      compat::AutocastGuard autocast(device, bf16);
-      y = model->forward(x).to(torch::kFloat32);
-    }
-    if (rank + 1 < n) {
-      comm.send(y, rank + 1);
-    } else {
-      const double tokens = dev.mask.sum().item<double>();
-      if (tokens == 0) continue;
-      sum += model->lm_loss(y, dev.labels, dev.mask).item<double>() * tokens;
-      count += tokens;
+    for (size_t c = 0; c < stages.size(); ++c) {
+      auto model = stages[c];  // a handle: forward() is not const
+      const int s = rank + static_cast<int>(c) * n;
+      torch::Tensor x = dev.inputs;
+      if (s > 0) {
+        x = torch::empty({dev.inputs.size(0), seq_len, model->config().n_embd},
+                         torch::TensorOptions().dtype(torch::kFloat32).device(device));
+        comm.recv(x, pipeline::rank_of_stage(s - 1, n));
+      }
+      torch::Tensor y;
+      {
+        compat::AutocastGuard autocast(device, bf16);
+        y = model->forward(x).to(torch::kFloat32);
+      }
+      if (s + 1 < n_stages) {
+        comm.send(y, pipeline::rank_of_stage(s + 1, n));
+      } else {
+        const double tokens = dev.mask.sum().item<double>();
+        if (tokens == 0) continue;
+        sum += model->lm_loss(y, dev.labels, dev.mask).item<double>() * tokens;
+        count += tokens;
+      }
     }
   }
   auto totals =
@@ -113,13 +120,13 @@ pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages
     GPT2P_CHECK(model::is_checkpoint_dir(dir),
                 "--resume " << resume << ": no checkpoint for stage " << s << " of " << n_stages
                             << " (" << dir << "/meta.json missing)",
-                "resume with as many ranks as the run that wrote the checkpoint had stages");
+                "resume with the ranks and --stages-per-rank of the run that wrote the checkpoint");
     const auto r = model::checkpoint_range(dir);
     split.push_back({static_cast<int>(r.begin), static_cast<int>(r.end)});
   }
   GPT2P_CHECK(!model::is_checkpoint_dir(resume + "/stage" + std::to_string(n_stages)),
               "--resume " << resume << " holds more than " << n_stages << " stages",
-              "resume with as many ranks as the run that wrote the checkpoint had stages");
+              "resume with the ranks and --stages-per-rank of the run that wrote the checkpoint");
   return split;
 }
 
@@ -134,16 +141,25 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
               "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
               "pick --microbatches dividing --batch-size");
   const bool bf16 = cfg.precision == "bf16";
+  const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
+  const int n_stages = n * v;
+  GPT2P_CHECK(v == 1 || n >= 2,
+              "--schedule interleaved on " << n << " rank: nothing to interleave with",
+              "start 2 or more ranks, or use --schedule 1f1b on one rank");
+  GPT2P_CHECK(v == 1 || m % n == 0,
+              "--microbatches " << m << " is not a multiple of the " << n
+                                << " ranks, as --schedule interleaved needs",
+              "pick --microbatches from " << n << ", " << 2 * n << ", " << 4 * n << ", ...");
   std::vector<double> costs;
   if (cfg.partition == "measured" && cfg.resume.empty()) {
     costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
                                  bf16);
     compat::reset_peak_memory(ctx.device);
   }
-  const auto split = cfg.resume.empty()
-                         ? stage_partition(cfg.partition, ctx.model_config, n, cfg.seq_len, costs)
-                         : checkpoint_partition(cfg.resume, n);
-  const auto range = split[static_cast<size_t>(rank)];
+  const auto split =
+      cfg.resume.empty()
+          ? stage_partition(cfg.partition, ctx.model_config, n_stages, cfg.seq_len, costs)
+          : checkpoint_partition(cfg.resume, n_stages);
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
   const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
@@ -153,30 +169,59 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                   cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
                  /*rank=*/0, /*world=*/1);
   torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
-  model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
-  model->reset_parameters(cfg.seed);
-  if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
-  model->to(ctx.device);
-  compat::FusedAdamW optimizer(model->parameters(),
-                               torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
-  const std::string ckpt_dir = cfg.out + "/checkpoint/stage" + std::to_string(rank);
+  // This rank's stages, each with its own optimizer and checkpoint directory.
+  std::vector<int> my_stages;
+  std::vector<model::GPT2> models;
+  std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers;
+  for (int c = 0; c < v; ++c) {
+    const int s = rank + c * n;
+    const auto range = split[static_cast<size_t>(s)];
+    model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
+    model->reset_parameters(cfg.seed);
+    if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
+    model->to(ctx.device);
+    optimizers.push_back(std::make_unique<compat::FusedAdamW>(
+        model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
+    my_stages.push_back(s);
+    models.push_back(model);
+  }
+  const auto ckpt_dir = [&](int c) {
+    return cfg.out + "/checkpoint/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
+  };
   model::TrainState state;
   if (!cfg.resume.empty()) {
-    state =
-        model::load_checkpoint(cfg.resume + "/stage" + std::to_string(rank), *model, &optimizer);
+    for (int c = 0; c < v; ++c) {
+      const std::string dir = cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
+      auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
+                                       optimizers[static_cast<size_t>(c)].get());
+      if (c == 0) state = st;
+    }
     compat::set_cpu_rng_state(state.rng_state);
     data.set_position({state.epoch, state.batch_in_epoch});
   }
 
-  pipeline::GptStage stage(model, m, bf16);
-  pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm);
-  pipeline::Executor executor(stage, transport,
-                              pipeline::make_schedule(kind, m, n)[static_cast<size_t>(rank)], rank,
-                              ctx.device);
+  std::vector<std::unique_ptr<pipeline::GptStage>> stages;
+  std::vector<pipeline::Stage*> stage_ptrs;
+  for (auto& model : models) {
+    stages.push_back(std::make_unique<pipeline::GptStage>(model, m, bf16));
+    stage_ptrs.push_back(stages.back().get());
+  }
+  pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
+                                    ctx.grad_wrap_comm.get());
+  pipeline::Executor executor(stage_ptrs, transport,
+                              pipeline::make_schedule(kind, m, n, v)[static_cast<size_t>(rank)],
+                              rank, n, ctx.device);
   io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"));
   recorder.set_attribute("stage", rank);
-  recorder.set_attribute("layer_begin", range.begin);
-  recorder.set_attribute("layer_end", range.end);
+  // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
+  // (layer_begin_<c>, layer_end_<c>).
+  for (int c = 0; c < v; ++c) {
+    const auto r = split[static_cast<size_t>(my_stages[static_cast<size_t>(c)])];
+    const std::string suffix = c == 0 ? "" : "_" + std::to_string(c);
+    recorder.set_attribute("layer_begin" + suffix, r.begin);
+    recorder.set_attribute("layer_end" + suffix, r.end);
+  }
+  recorder.set_attribute("stages_per_rank", v);
   recorder.set_attribute("microbatches", m);
   if (!costs.empty()) {
     recorder.set_attribute("layer_time_embedding_s", costs.front());
@@ -185,9 +230,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   }
   if (rank == 0) {
     std::printf(
-        "pp_train: %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
+        "pp_train: %d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
         "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n",
-        n, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
         cfg.resume.empty() ? cfg.partition.c_str() : "checkpoint's",
@@ -210,10 +255,13 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   bool done = false;
   const auto save = [&](int64_t epoch, int64_t batch) {
     model::TrainState s{step, epoch, batch, cfg.seed, compat::cpu_rng_state(), cli::to_json(cfg)};
-    model::save_checkpoint(ckpt_dir, *model, &optimizer, s);
+    for (int c = 0; c < v; ++c) {
+      model::save_checkpoint(ckpt_dir(c), *models[static_cast<size_t>(c)],
+                             optimizers[static_cast<size_t>(c)].get(), s);
+    }
   };
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
-    model->train();
+    for (auto& model : models) model->train();
     compat::reset_peak_memory(ctx.device);
     EpochTotals totals;
     for (int64_t b = data.position().batch; b < per_epoch; ++b) {
@@ -224,16 +272,20 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       rec.start = std::chrono::duration<double>(t0 - run_start).count();
       auto batch = data.next();
       auto dev = to_device(batch.batch, ctx.device);
-      stage.set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens});
+      for (auto& stage : stages)
+        stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens});
       rec.data = since(t0);
       const auto times = executor.run_step(step, rec.start + rec.data);
       clock.mark(0);
-      pipeline::sync_tied_gradient(*model, *ctx.comm);
+      pipeline::sync_tied_gradient(models, *ctx.comm);
       clock.mark(1);
       if (cfg.grad_clip > 0)
-        pipeline::clip_grad_norm_pipeline(*model, ctx.comm.get(), cfg.grad_clip);
-      optimizer.step();
-      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+        pipeline::clip_grad_norm_pipeline(models, ctx.comm.get(), cfg.grad_clip);
+      for (int c = 0; c < v; ++c) {
+        optimizers[static_cast<size_t>(c)]->step();
+        for (auto& p : models[static_cast<size_t>(c)]->parameters())
+          p.mutable_grad() = torch::Tensor();
+      }
       clock.mark(2);
       const double opt_end = since(run_start);
       for (const auto& a : times.actions) recorder.action(a);
@@ -245,8 +297,10 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       io::ActionRecord opt{step, rank, 6, -1, opt_end - rec.optimizer, opt_end, 0, 0};
       recorder.action(opt);
       // The loss lives on the last stage; every rank records it.
-      auto loss = torch::tensor({stage.take_loss()}, torch::TensorOptions().dtype(torch::kFloat64))
-                      .to(ctx.device);
+      double loss_sum = 0;
+      for (auto& stage : stages) loss_sum += stage->take_loss();
+      auto loss =
+          torch::tensor({loss_sum}, torch::TensorOptions().dtype(torch::kFloat64)).to(ctx.device);
       if (n > 1) ctx.comm->broadcast(loss, n - 1);
       rec.loss = loss.item<double>();
       rec.end = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -261,8 +315,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       }
     }
     const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals);
-    model->eval();
-    const auto val = pipeline_validation_loss(model, *ctx.comm, data.dataset().split("validation"),
+    for (auto& model : models) model->eval();
+    const auto val = pipeline_validation_loss(models, *ctx.comm, data.dataset().split("validation"),
                                               cfg.max_eval_pairs, cfg.batch_size / m, cfg.seq_len,
                                               data.special(), bf16);
     if (rank == 0) {

@@ -14,7 +14,7 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   cli::resolve_train_config(cfg, program, compat::cuda_available());
   auto tokenizer = data::BpeTokenizer::from_dir(cfg.vocab_dir);
   const auto special = data::register_special_tokens(tokenizer);
-  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr,
+  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
                  nullptr,        std::move(tokenizer), special, {}};
   comm::CommOptions copts;
   copts.timeout = std::chrono::milliseconds(static_cast<int64_t>(ctx.cfg.comm_timeout_s * 1000));
@@ -35,6 +35,10 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   compat::set_strict_fp32(ctx.cfg.precision == "fp32");
   ctx.comm = comm::make_communicator(copts);
   if (program == cli::Program::kPipeline) ctx.grad_comm = comm::make_communicator(copts);
+  if (program == cli::Program::kPipeline && ctx.cfg.stages_per_rank > 1) {
+    ctx.act_wrap_comm = comm::make_communicator(copts);
+    ctx.grad_wrap_comm = comm::make_communicator(copts);
+  }
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
   return ctx;
 }

@@ -37,28 +37,47 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
            (spec.link_gbs * 1e9);
   };
   const int n = spec.stages;
-  // uniform and balanced cut the same way for every M; measured cuts by that M's layer times.
-  std::optional<Partition> uniform;
-  try {
-    uniform = partition_uniform(L, n);
-  } catch (const Error& e) {
-    plan.notes.push_back(std::string("no uniform split: ") + e.what());
+  for (int v : spec.stages_per_rank) {
+    GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
   }
-  const Partition balanced = partition_balanced(flops, n);
+  // The split of each partition into s stages: uniform and balanced cut the same way for every
+  // M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
+  std::map<std::pair<std::string, int>, std::optional<Partition>> fixed;
+  const auto split_of = [&](const std::string& partition, int s, int m) -> std::optional<Partition> {
+    if (partition == "measured") return partition_balanced(costs[m], s);
+    auto key = std::make_pair(partition, s);
+    auto it = fixed.find(key);
+    if (it != fixed.end()) return it->second;
+    std::optional<Partition> split;
+    try {
+      split = partition == "uniform" ? partition_uniform(L, s) : partition_balanced(flops, s);
+    } catch (const Error& e) {
+      plan.notes.push_back("no " + partition + " split into " + std::to_string(s) +
+                           " stages: " + e.what());
+    }
+    return fixed[key] = split;
+  };
   for (const std::string partition : {"uniform", "balanced", "measured"}) {
-    if (partition == "uniform" && !uniform) continue;
     for (int m : spec.microbatches) {
-      const Partition split = partition == "uniform"    ? *uniform
-                              : partition == "balanced" ? balanced
-                                                        : partition_balanced(costs[m], n);
+      const auto split = split_of(partition, n, m);
+      if (!split) continue;
       // model_parallel on the same split: the whole batch as one micro-batch.
-      const double mp = predict_step(ScheduleKind::kGPipe, 1, split, costs[1], transfer(1)).step;
-      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
-        if (m == 1 && kind == ScheduleKind::kOneFOneB) continue;  // the same as GPipe
-        const StepPrediction p = predict_step(kind, m, split, costs[m], transfer(m));
-        plan.rows.push_back({partition, to_string(split),
-                             m == 1 ? "model_parallel" : to_string(kind), m, p.step, mp / p.step,
-                             n * static_cast<double>(m) / (m + n - 1), p.bubble, p.stage_busy});
+      const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], transfer(1)).step;
+      const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
+        const StepPrediction p = predict_step(kind, m, stages, costs[m], transfer(m), 1.0 / 3.0, v);
+        const double mv = static_cast<double>(m) * v;
+        plan.rows.push_back({partition, to_string(stages),
+                             m == 1 ? "model_parallel" : to_string(kind), v, m, p.step,
+                             mp / p.step, n * mv / (mv + n - 1), p.bubble, p.stage_busy});
+      };
+      for (int v : spec.stages_per_rank) {
+        if (v == 1) {
+          add(ScheduleKind::kGPipe, 1, *split);
+          if (m > 1) add(ScheduleKind::kOneFOneB, 1, *split);  // M = 1: the same as GPipe
+          continue;
+        }
+        if (n < 2 || m % n != 0 || n * v > L) continue;
+        if (const auto stages = split_of(partition, n * v, m)) add(ScheduleKind::kInterleaved, v, *stages);
       }
     }
   }
@@ -74,6 +93,7 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
     rows.push_back({{"partition", r.partition},
                     {"split", r.split},
                     {"schedule", r.schedule},
+                    {"stages_per_rank", r.stages_per_rank},
                     {"microbatches", r.microbatches},
                     {"step_s", r.step_s},
                     {"speedup_vs_model_parallel", r.speedup},

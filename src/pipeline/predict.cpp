@@ -7,7 +7,7 @@ namespace gpt2p::pipeline {
 
 StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partition& partition,
                             const std::vector<double>& layer_costs, double comm,
-                            double forward_share) {
+                            double forward_share, int stages_per_rank) {
   GPT2P_CHECK(n_microbatches >= 1, "predict_step: " << n_microbatches << " micro-batches",
               "predict at least one micro-batch");
   GPT2P_CHECK(forward_share > 0.0 && forward_share < 1.0,
@@ -22,9 +22,14 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
     costs.backward.push_back((1.0 - forward_share) * c);
   }
   costs.comm = comm;
-  const int n = static_cast<int>(partition.size());
-  const SimResult sim =
-      simulate(make_schedule(kind, n_microbatches, n), costs, Transfers::kStreamPerDirection);
+  const int n_stages = static_cast<int>(partition.size());
+  GPT2P_CHECK(stages_per_rank >= 1 && n_stages % stages_per_rank == 0,
+              "predict_step: " << n_stages << " stages do not split into " << stages_per_rank
+                               << " per rank",
+              "pass a partition of ranks x stages_per_rank stages");
+  const int n = n_stages / stages_per_rank;
+  const SimResult sim = simulate(make_schedule(kind, n_microbatches, n, stages_per_rank), costs,
+                                 Transfers::kStreamPerDirection);
   GPT2P_CHECK(sim.ok,
               "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
                                    << ", n = " << n << " deadlocks: " << sim.deadlock_reason,

@@ -174,49 +174,117 @@ Schedule one_f_one_b_schedule(int n_microbatches, int n_stages) {
   return schedule;
 }
 
+Schedule interleaved_schedule(int n_microbatches, int n_ranks, int stages_per_rank) {
+  check_sizes(n_microbatches, n_ranks, "interleaved_schedule");
+  const int m = n_microbatches, R = n_ranks, V = stages_per_rank;
+  GPT2P_CHECK(R >= 2, "interleaved_schedule: " << R << " rank",
+              "interleave stages over at least 2 ranks (on one rank, run its layers as one stage)");
+  GPT2P_CHECK(V >= 2, "interleaved_schedule: " << V << " stage(s) per rank",
+              "interleave at least 2 stages per rank (1 is the plain 1F1B schedule)");
+  GPT2P_CHECK(m % R == 0,
+              "interleaved_schedule: " << m << " micro-batches are not a multiple of the " << R
+                                       << " ranks",
+              "use a number of micro-batches divisible by the number of ranks");
+  const int total = m * V;
+  // The k-th forward (backward) of every rank: (stage, micro-batch).
+  const auto pick = [&](int k, bool forward, int r) {
+    int chunk = (k / R) % V;
+    if (!forward) chunk = V - 1 - chunk;
+    return std::pair<int, int>{chunk * R + r, (k / (R * V)) * R + k % R};
+  };
+  Schedule schedule(R);
+  for (int r = 0; r < R; ++r) {
+    auto& list = schedule[r];
+    const int warmup = m == R ? total : std::min(total, 2 * (R - r - 1) + (V - 1) * R);
+    const auto add = [&](Op op, int k) {
+      const auto [stage, mb] = pick(k, op == Op::kForward, r);
+      list.push_back({op, stage, mb, -1});
+    };
+    for (int k = 0; k < warmup; ++k) add(Op::kForward, k);
+    for (int i = 0; i < total - warmup; ++i) {
+      add(Op::kForward, warmup + i);
+      add(Op::kBackward, i);
+    }
+    for (int k = total - warmup; k < total; ++k) add(Op::kBackward, k);
+  }
+  return schedule;
+}
+
 Schedule add_communication(const Schedule& compute, int n_stages) {
-  GPT2P_CHECK(static_cast<int>(compute.size()) == n_stages,
-              "add_communication: the schedule has " << compute.size()
-                                                     << " ranks but n_stages = " << n_stages,
-              "pass one action list per stage");
-  Schedule out(n_stages);
-  for (int s = 0; s < n_stages; ++s) {
-    for (const Action& a : compute[s]) {
+  const int R = static_cast<int>(compute.size());
+  GPT2P_CHECK(R >= 1 && n_stages >= R && n_stages % R == 0,
+              "add_communication: the schedule has " << R << " ranks but n_stages = " << n_stages,
+              "pass one action list per rank, for a number of stages that is a multiple of it");
+  Schedule out(R);
+  for (int r = 0; r < R; ++r) {
+    for (const Action& a : compute[r]) {
       GPT2P_CHECK(a.is_compute(),
-                  "add_communication: rank " << s << " already holds '" << to_string(a) << "'",
+                  "add_communication: rank " << r << " already holds '" << to_string(a) << "'",
                   "pass a compute-only schedule (F and B actions), e.g. from gpipe_schedule");
-      GPT2P_CHECK(
-          a.stage == s,
-          "add_communication: rank " << s << " holds '" << to_string(a) << "' of stage " << a.stage,
-          "put each stage's actions in list number <stage>");
+      const int s = a.stage;
+      GPT2P_CHECK(s >= 0 && s < n_stages && rank_of_stage(s, R) == r,
+                  "add_communication: rank " << r << " holds '" << to_string(a) << "' of stage "
+                                             << s,
+                  "put the actions of stage s in list number s % <ranks>");
       const int mb = a.microbatch;
       if (a.op == Op::kForward) {
-        if (s > 0) out[s].push_back({Op::kRecvActivation, s, mb, s - 1});
-        out[s].push_back(a);
-        if (s < n_stages - 1) out[s].push_back({Op::kSendActivation, s, mb, s + 1});
+        if (s > 0) out[r].push_back({Op::kRecvActivation, s, mb, s - 1});
+        out[r].push_back(a);
+        if (s < n_stages - 1) out[r].push_back({Op::kSendActivation, s, mb, s + 1});
       } else {
-        if (s < n_stages - 1) out[s].push_back({Op::kRecvGrad, s, mb, s + 1});
-        out[s].push_back(a);
-        if (s > 0) out[s].push_back({Op::kSendGrad, s, mb, s - 1});
+        if (s < n_stages - 1) out[r].push_back({Op::kRecvGrad, s, mb, s + 1});
+        out[r].push_back(a);
+        if (s > 0) out[r].push_back({Op::kSendGrad, s, mb, s - 1});
       }
     }
   }
   return out;
 }
 
+Channel channel_of(const Action& a, int n_ranks) {
+  GPT2P_CHECK(!a.is_compute(), "channel_of: '" << to_string(a) << "' is no transfer",
+              "ask for the channel of a SEND_* or RECV_* action");
+  const bool activation = a.op == Op::kSendActivation || a.op == Op::kRecvActivation;
+  const int from = a.is_send() ? a.stage : a.peer;
+  const int to = a.is_send() ? a.peer : a.stage;
+  // Activations normally go to a higher rank and gradients to a lower one; the other way wraps.
+  const int from_rank = rank_of_stage(from, n_ranks), to_rank = rank_of_stage(to, n_ranks);
+  const bool wraps = activation ? to_rank <= from_rank : to_rank >= from_rank;
+  if (activation) return wraps ? Channel::kActivationsWrap : Channel::kActivations;
+  return wraps ? Channel::kGradientsWrap : Channel::kGradients;
+}
+
 ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGPipe;
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
-  GPT2P_FAIL("unknown pipeline schedule '" << name << "'", "use one of: gpipe, 1f1b");
+  if (name == "interleaved") return ScheduleKind::kInterleaved;
+  GPT2P_FAIL("unknown pipeline schedule '" << name << "'", "use one of: gpipe, 1f1b, interleaved");
 }
 
-std::string to_string(ScheduleKind kind) { return kind == ScheduleKind::kGPipe ? "gpipe" : "1f1b"; }
+std::string to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      break;
+  }
+  return "interleaved";
+}
 
-Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_stages) {
+Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int stages_per_rank) {
+  if (kind == ScheduleKind::kInterleaved) {
+    return add_communication(interleaved_schedule(n_microbatches, n_ranks, stages_per_rank),
+                             n_ranks * stages_per_rank);
+  }
+  GPT2P_CHECK(stages_per_rank == 1,
+              to_string(kind) << " runs one stage per rank, not " << stages_per_rank,
+              "use --schedule interleaved for several stages per rank");
   const Schedule compute = kind == ScheduleKind::kGPipe
-                               ? gpipe_schedule(n_microbatches, n_stages)
-                               : one_f_one_b_schedule(n_microbatches, n_stages);
-  return add_communication(compute, n_stages);
+                               ? gpipe_schedule(n_microbatches, n_ranks)
+                               : one_f_one_b_schedule(n_microbatches, n_ranks);
+  return add_communication(compute, n_ranks);
 }
 
 }  // namespace gpt2p::pipeline

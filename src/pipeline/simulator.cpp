@@ -21,10 +21,24 @@ int op_index(Op op) { return static_cast<int>(op); }
 // (is gradient, micro-batch, from stage, to stage): what a SEND and its RECV agree on.
 using TransferKey = std::tuple<bool, int, int, int>;
 
-TransferKey transfer_key(const Action& a, int rank) {
+TransferKey transfer_key(const Action& a) {
   const bool grad = a.op == Op::kSendGrad || a.op == Op::kRecvGrad;
-  return a.is_send() ? TransferKey{grad, a.microbatch, rank, a.peer}
-                     : TransferKey{grad, a.microbatch, a.peer, rank};
+  return a.is_send() ? TransferKey{grad, a.microbatch, a.stage, a.peer}
+                     : TransferKey{grad, a.microbatch, a.peer, a.stage};
+}
+
+// Stages of a schedule: one past the highest stage any action names (at least one per rank).
+int count_stages(const Schedule& schedule) {
+  int n = static_cast<int>(schedule.size());
+  for (const auto& list : schedule) {
+    for (const Action& a : list) n = std::max({n, a.stage + 1, a.peer + 1});
+  }
+  return n;
+}
+
+// The rank holding `peer` (a stage), or -1 for none.
+int peer_rank(const Action& a, int n_ranks) {
+  return a.peer >= 0 ? rank_of_stage(a.peer, n_ranks) : -1;
 }
 
 std::vector<double> resolve_costs(const std::vector<double>& given, int n, double fallback,
@@ -65,6 +79,7 @@ namespace {
 SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& fwd,
                            const std::vector<double>& bwd, double comm, bool per_direction) {
   const int n = static_cast<int>(schedule.size());
+  const int n_stages = static_cast<int>(fwd.size());
   SimResult result;
   result.busy.assign(n, 0.0);
   result.max_live_activations.assign(n, 0);
@@ -74,7 +89,7 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
   for (int r = 0; r < n; ++r) {
     for (size_t k = 0; k < schedule[r].size(); ++k) {
       const Action& a = schedule[r][k];
-      if (!a.is_compute()) (a.is_send() ? sends : recvs)[transfer_key(a, r)].emplace_back(r, k);
+      if (!a.is_compute()) (a.is_send() ? sends : recvs)[transfer_key(a)].emplace_back(r, k);
     }
   }
   constexpr std::pair<int, size_t> kNone{-1, 0};
@@ -96,8 +111,7 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
     end[r].assign(schedule[r].size(), kUnknown);
   }
   auto stream_of = [&](const Action& a) {
-    const bool act = a.op == Op::kSendActivation || a.op == Op::kRecvActivation;
-    return per_direction && !act ? 1 : 0;
+    return per_direction ? static_cast<int>(channel_of(a, n)) : 0;
   };
   bool progress = true;
   while (progress) {
@@ -105,24 +119,24 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
     for (int r = 0; r < n; ++r) {
       const RankActions& list = schedule[r];
       double compute_end = 0.0;                // end of the last compute action so far
-      double stream_end[2] = {0.0, 0.0};       // end of the last transfer on each stream
-      bool compute_known = true, stream_known[2] = {true, true};
-      std::map<std::pair<bool, int>, size_t> recv_at;  // (gradient?, micro-batch) -> index
+      double stream_end[kNumChannels] = {};    // end of the last transfer on each stream
+      bool compute_known = true, stream_known[kNumChannels] = {true, true, true, true};
+      std::map<std::tuple<bool, int, int>, size_t> recv_at;  // (gradient?, stage, mb) -> index
       for (size_t k = 0; k < list.size(); ++k) {
         const Action& a = list[k];
         if (a.is_compute()) {
           if (end[r][k] == kUnknown && compute_known) {
             double start = compute_end;
             bool ready = true;
-            const bool needs = a.op == Op::kForward ? r > 0 : r < n - 1;
+            const bool needs = a.op == Op::kForward ? a.stage > 0 : a.stage < n_stages - 1;
             if (needs) {
-              auto it = recv_at.find({a.op == Op::kBackward, a.microbatch});
+              auto it = recv_at.find({a.op == Op::kBackward, a.stage, a.microbatch});
               ready = it != recv_at.end() && end[r][it->second] != kUnknown;
               if (ready) start = std::max(start, end[r][it->second]);
             }
             if (ready) {
               post[r][k] = start;
-              end[r][k] = start + (a.op == Op::kForward ? fwd[r] : bwd[r]);
+              end[r][k] = start + (a.op == Op::kForward ? fwd[a.stage] : bwd[a.stage]);
               progress = true;
             }
           }
@@ -130,7 +144,7 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
           if (compute_known) compute_end = end[r][k];
           continue;
         }
-        if (a.is_recv()) recv_at[{a.op == Op::kRecvGrad, a.microbatch}] = k;
+        if (a.is_recv()) recv_at[{a.op == Op::kRecvGrad, a.stage, a.microbatch}] = k;
         const int d = stream_of(a);
         if (post[r][k] == kUnknown && compute_known && stream_known[d]) {
           post[r][k] = std::max(compute_end, stream_end[d]);  // queued behind both
@@ -171,7 +185,7 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
     if (stuck.tellp() > 0) stuck << "\n";
     stuck << "rank " << r << " waits forever at action #" << pc[r] << " '" << to_string(a) << "': "
           << (a.is_compute() ? "its input never arrives" : "the matching transfer never starts")
-          << "; " << describe_position(schedule, pc, a.peer);
+          << "; " << describe_position(schedule, pc, peer_rank(a, n));
   }
   result.deadlock_reason = stuck.str();
   result.ok = result.deadlock_reason.empty();
@@ -182,8 +196,9 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
 
 SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers transfers) {
   const int n = static_cast<int>(schedule.size());
-  const std::vector<double> fwd = resolve_costs(costs.forward, n, 1.0, "forward");
-  const std::vector<double> bwd = resolve_costs(costs.backward, n, 2.0, "backward");
+  const int n_stages = count_stages(schedule);
+  const std::vector<double> fwd = resolve_costs(costs.forward, n_stages, 1.0, "forward");
+  const std::vector<double> bwd = resolve_costs(costs.backward, n_stages, 2.0, "backward");
   GPT2P_CHECK(std::isfinite(costs.comm) && costs.comm >= 0.0,
               "simulate: comm cost is " << costs.comm, "use a finite comm cost >= 0");
   if (transfers != Transfers::kBuffered) {
@@ -213,15 +228,15 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
         const Action& a = list[pc[r]];
         ActionTiming t{clock[r], clock[r]};
         if (a.is_compute()) {
-          const double d = a.op == Op::kForward ? fwd[r] : bwd[r];
+          const double d = a.op == Op::kForward ? fwd[a.stage] : bwd[a.stage];
           t.end = t.start + d;
           result.busy[r] += d;
           live[r] += a.op == Op::kForward ? 1 : -1;
           result.max_live_activations[r] = std::max(result.max_live_activations[r], live[r]);
         } else if (a.is_send()) {
-          issued[transfer_key(a, r)].push_back(clock[r]);
+          issued[transfer_key(a)].push_back(clock[r]);
         } else {
-          auto it = issued.find(transfer_key(a, r));
+          auto it = issued.find(transfer_key(a));
           if (it == issued.end() || it->second.empty()) break;  // wait for the sender
           t.end = std::max(t.start, it->second.front() + costs.comm);
           it->second.pop_front();
@@ -240,7 +255,8 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
     const Action& a = schedule[r][pc[r]];
     if (stuck.tellp() > 0) stuck << "\n";
     stuck << "rank " << r << " waits forever at action #" << pc[r] << " '" << to_string(a)
-          << "': no matching send was issued; " << describe_position(schedule, pc, a.peer);
+          << "': no matching send was issued; "
+          << describe_position(schedule, pc, peer_rank(a, n));
   }
   result.deadlock_reason = stuck.str();
   result.ok = result.deadlock_reason.empty();
@@ -255,62 +271,70 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
                                   const ValidateOptions& options) {
   const int m = n_microbatches;
   const int n = n_stages;
+  const int R = static_cast<int>(schedule.size());
   std::vector<std::string> violations;
-  if (static_cast<int>(schedule.size()) != n) {
-    violations.push_back("the schedule has " + std::to_string(schedule.size()) +
-                         " rank lists for " + std::to_string(n) + " stages");
+  if (R < 1 || n < R || n % R != 0) {
+    violations.push_back("the schedule has " + std::to_string(R) + " rank lists for " +
+                         std::to_string(n) + " stages");
     return violations;
   }
-  for (int r = 0; r < n; ++r) {
+  // Per stage, per op, per micro-batch: how often it occurred so far.
+  std::vector<std::array<std::vector<int>, kNumOps>> count(n);
+  for (auto& stage : count) {
+    for (auto& c : stage) c.assign(m, 0);
+  }
+  for (int r = 0; r < R; ++r) {
     auto report = [&](size_t k, const Action& a, const std::string& what) {
       violations.push_back("rank " + std::to_string(r) + " action #" + std::to_string(k) + " '" +
                            to_string(a) + "': " + what);
     };
-    // Per micro-batch: how often each op occurs on this rank, and whether it has happened yet.
-    std::array<std::vector<int>, kNumOps> count;
-    for (auto& c : count) c.assign(m, 0);
+    // The 1F1B bound applies to one stage per rank: min(m, n - s) on stage s == r.
     const int live_limit = std::min(m, n - r);
     int live = 0;
     const RankActions& list = schedule[r];
     for (size_t k = 0; k < list.size(); ++k) {
       const Action& a = list[k];
       const int mb = a.microbatch;
-      if (a.stage != r)
+      const int s = a.stage;
+      if (s < 0 || s >= n || rank_of_stage(s, R) != r) {
         report(k, a,
-               "names stage " + std::to_string(a.stage) + " on rank " + std::to_string(r) +
-                   " (rank r runs stage r)");
+               "names stage " + std::to_string(s) + " on rank " + std::to_string(r) + " (rank r runs " +
+                   (R == n ? std::string("stage r)") : "the stages s with s % " +
+                                                           std::to_string(R) + " == r)"));
+        continue;
+      }
       if (mb < 0 || mb >= m) {
         report(k, a, "micro-batch out of range [0, " + std::to_string(m) + ")");
         continue;
       }
       if (!a.is_compute() && !options.check_communication) continue;
-      auto& seen = count[op_index(a.op)];
-      const auto happened = [&](Op op) { return count[op_index(op)][mb] > 0; };
+      auto& seen = count[s][op_index(a.op)];
+      const auto happened = [&](Op op) { return count[s][op_index(op)][mb] > 0; };
       switch (a.op) {
         case Op::kForward:
-          if (options.check_communication && r > 0 && !happened(Op::kRecvActivation)) {
+          if (options.check_communication && s > 0 && !happened(Op::kRecvActivation)) {
             report(k, a, "F before its RECV_F (the input activation is not there yet)");
           }
           ++live;
           if (options.limit_live_activations && live > live_limit) {
             report(k, a,
                    std::to_string(live) + " activations alive; 1F1B allows at most " +
-                       std::to_string(live_limit) + " on stage " + std::to_string(r));
+                       std::to_string(live_limit) + " on stage " + std::to_string(s));
           }
           break;
         case Op::kBackward:
           if (!happened(Op::kForward)) report(k, a, "B before its F");
-          if (options.check_communication && r < n - 1 && !happened(Op::kRecvGrad)) {
+          if (options.check_communication && s < n - 1 && !happened(Op::kRecvGrad)) {
             report(k, a, "B before its RECV_B (the output gradient is not there yet)");
           }
           --live;
           break;
         case Op::kSendActivation:
         case Op::kRecvGrad:
-          if (a.peer != r + 1 || r + 1 >= n) {
+          if (a.peer != s + 1 || s + 1 >= n) {
             report(k, a,
-                   r + 1 >= n ? "the last stage has no next stage to talk to"
-                              : "peer must be the next stage " + std::to_string(r + 1));
+                   s + 1 >= n ? "the last stage has no next stage to talk to"
+                              : "peer must be the next stage " + std::to_string(s + 1));
             continue;
           }
           if (a.op == Op::kSendActivation && !happened(Op::kForward)) {
@@ -319,10 +343,10 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
           break;
         case Op::kRecvActivation:
         case Op::kSendGrad:
-          if (a.peer != r - 1 || r == 0) {
+          if (a.peer != s - 1 || s == 0) {
             report(k, a,
-                   r == 0 ? "the first stage has no previous stage to talk to"
-                          : "peer must be the previous stage " + std::to_string(r - 1));
+                   s == 0 ? "the first stage has no previous stage to talk to"
+                          : "peer must be the previous stage " + std::to_string(s - 1));
             continue;
           }
           if (a.op == Op::kSendGrad && !happened(Op::kBackward)) {
@@ -333,29 +357,31 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
       if (a.is_compute() && a.peer != -1) report(k, a, "F and B take no peer (use -1)");
       ++seen[mb];
     }
+  }
 
-    // Exactly-once rules. A send at r and its recv at r +- 1 are each required exactly once, so
-    // every (kind, micro-batch, from, to) is matched one to one.
-    struct Rule {
-      Op op;
-      bool applies;
-      const char* what;
-    };
-    const bool comm = options.check_communication;
+  // Exactly-once rules. A send at s and its recv at s +- 1 are each required exactly once, so
+  // every (kind, micro-batch, from, to) is matched one to one.
+  struct Rule {
+    Op op;
+    bool applies;
+    const char* what;
+  };
+  const bool comm = options.check_communication;
+  for (int s = 0; s < n; ++s) {
     const Rule rules[] = {
         {Op::kForward, true, "forwarded"},
         {Op::kBackward, true, "backwarded"},
-        {Op::kSendActivation, comm && r < n - 1, "sends its activation to the next stage"},
-        {Op::kRecvGrad, comm && r < n - 1, "receives its gradient from the next stage"},
-        {Op::kRecvActivation, comm && r > 0, "receives its activation from the previous stage"},
-        {Op::kSendGrad, comm && r > 0, "sends its gradient to the previous stage"},
+        {Op::kSendActivation, comm && s < n - 1, "sends its activation to the next stage"},
+        {Op::kRecvGrad, comm && s < n - 1, "receives its gradient from the next stage"},
+        {Op::kRecvActivation, comm && s > 0, "receives its activation from the previous stage"},
+        {Op::kSendGrad, comm && s > 0, "sends its gradient to the previous stage"},
     };
     for (const Rule& rule : rules) {
       if (!rule.applies) continue;
       for (int mb = 0; mb < m; ++mb) {
-        const int c = count[op_index(rule.op)][mb];
+        const int c = count[s][op_index(rule.op)][mb];
         if (c == 1) continue;
-        violations.push_back("rank " + std::to_string(r) + ": micro-batch " + std::to_string(mb) +
+        violations.push_back("stage " + std::to_string(s) + ": micro-batch " + std::to_string(mb) +
                              " " + rule.what + " " + std::to_string(c) +
                              " times (expected exactly once)");
       }

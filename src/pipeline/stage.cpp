@@ -70,18 +70,24 @@ void GptStage::backward(int /*mb*/, const torch::Tensor& output, const torch::Te
   }
 }
 
-void sync_tied_gradient(model::GPT2Impl& model, comm::Communicator& comm) {
+void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm) {
   const int n = comm.size();
-  if (n == 1 || (!model.has_embedding() && !model.has_head())) return;
-  GPT2P_CHECK(
-      !model.is_full(),
-      "rank " << comm.rank() << " holds the whole model but the pipeline has " << n << " stages",
-      "build one stage per rank");
-  auto w = model.tied_parameter();
+  if (n == 1) return;
+  const model::GPT2Impl* holder = nullptr;  // this rank's stage with the embedding or the head
+  for (const auto& m : stages) {
+    if (!m->has_embedding() && !m->has_head()) continue;
+    GPT2P_CHECK(holder == nullptr && !m->is_full(),
+                "rank " << comm.rank() << " holds both ends of the model but the pipeline has "
+                        << n << " ranks",
+                "put the first and the last stage on different ranks");
+    holder = m.get();
+  }
+  if (holder == nullptr) return;
+  auto w = holder->tied_parameter();
   GPT2P_CHECK(w.defined() && w.grad().defined(),
               "stage on rank " << comm.rank() << " has no gradient for the tied wte weight",
               "run the step's backward before sync_tied_gradient()");
-  const int peer = model.has_embedding() ? n - 1 : 0;
+  const int peer = holder->has_embedding() ? n - 1 : 0;
   auto mine = w.grad().clone();
   auto other = torch::empty_like(mine);
   // Lower rank sends first: the same order on both sides also works with NCCL's ordered p2p.
@@ -95,14 +101,17 @@ void sync_tied_gradient(model::GPT2Impl& model, comm::Communicator& comm) {
   w.mutable_grad().add_(other);  // a + b == b + a bit for bit: both copies stay identical
 }
 
-double clip_grad_norm_pipeline(model::GPT2Impl& model, comm::Communicator* comm, double max_norm) {
-  const auto tied = model.tied_parameter();
-  const bool skip_tied = !model.has_embedding();  // the head's copy: counted on the first stage
+double clip_grad_norm_pipeline(const std::vector<model::GPT2>& stages, comm::Communicator* comm,
+                               double max_norm) {
   std::vector<torch::Tensor> grads, counted;
-  for (auto& p : model.parameters()) {
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    if (!(skip_tied && tied.defined() && p.is_same(tied))) counted.push_back(p.grad());
+  for (const auto& m : stages) {
+    const auto tied = m->tied_parameter();
+    const bool skip_tied = !m->has_embedding();  // the head's copy: counted on the first stage
+    for (auto& p : m->parameters()) {
+      if (!p.grad().defined()) continue;
+      grads.push_back(p.grad());
+      if (!(skip_tied && tied.defined() && p.is_same(tied))) counted.push_back(p.grad());
+    }
   }
   const torch::Device device = comm != nullptr ? comm->device() : torch::Device(torch::kCPU);
   torch::Tensor sq = parallel::grad_sq_norm(counted).to(device).reshape({1});

@@ -1,7 +1,7 @@
-// Pipeline correctness on 2, 3 and 4 ranks (one stage each): the loss and every parameter's
-// gradient equal one rank's run of the whole model on the same batch, for GPipe and 1F1B, both
-// partitions and several micro-batch counts; short training curves agree with model parallelism
-// and with the whole model.
+// Pipeline correctness on 2, 3 and 4 ranks: the loss and every parameter's gradient equal one
+// rank's run of the whole model on the same batch, for GPipe and 1F1B (one stage per rank) and the
+// interleaved schedule (2 and 3 stages per rank), every partition and several micro-batch counts;
+// short training curves agree with model parallelism and with the whole model.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -40,12 +40,12 @@ model::GPT2Config small_config() {
 }
 
 // The same random batch on every rank (seeded generator).
-pipeline::StageBatch random_batch(uint64_t seed, int64_t vocab) {
+pipeline::StageBatch random_batch(uint64_t seed, int64_t vocab, int64_t rows = kBatch) {
   auto gen = compat::make_cpu_generator(seed);
   pipeline::StageBatch b;
-  b.inputs = torch::randint(vocab, {kBatch, kSeq}, gen, torch::kInt64);
-  b.labels = torch::randint(vocab, {kBatch, kSeq}, gen, torch::kInt64);
-  b.mask = (torch::rand({kBatch, kSeq}, gen) > 0.3).to(torch::kFloat32);
+  b.inputs = torch::randint(vocab, {rows, kSeq}, gen, torch::kInt64);
+  b.labels = torch::randint(vocab, {rows, kSeq}, gen, torch::kInt64);
+  b.mask = (torch::rand({rows, kSeq}, gen) > 0.3).to(torch::kFloat32);
   b.mask[0][0] = 1.0f;
   b.global_target_tokens = static_cast<int64_t>(b.mask.sum().item<double>());
   return b;
@@ -57,32 +57,77 @@ double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / scale;
 }
 
+// This rank's stages (rank + c * ranks) of one pipeline.
 struct PipelineRun {
-  model::GPT2 model{nullptr};
-  std::unique_ptr<pipeline::GptStage> stage;
+  std::vector<model::GPT2> models;
+  std::vector<std::unique_ptr<pipeline::GptStage>> stages;
   std::unique_ptr<pipeline::CommTransport> transport;
   std::unique_ptr<pipeline::Executor> executor;
+
+  void set_batch(const pipeline::StageBatch& b) {
+    for (auto& s : stages) s->set_batch(b);
+  }
+  std::vector<torch::Tensor> parameters() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& m : models) {
+      for (const auto& p : m->parameters()) out.push_back(p);
+    }
+    return out;
+  }
 };
 
 PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& partition,
-                          pipeline::ScheduleKind kind, int m) {
+                          pipeline::ScheduleKind kind, int m, int per_rank = 1,
+                          int64_t rows = kBatch) {
   auto& comm = world();
+  const int n = comm.size();
   std::vector<double> costs;
   if (partition == "measured") {
-    costs = parallel::measured_layer_costs(comm, config, kBatch / m, kSeq, /*bf16=*/false);
+    costs = parallel::measured_layer_costs(comm, config, rows / m, kSeq, /*bf16=*/false);
   }
-  const auto split = parallel::stage_partition(partition, config, comm.size(), kSeq, costs);
-  const auto r = split[static_cast<size_t>(comm.rank())];
+  const auto split = parallel::stage_partition(partition, config, n * per_rank, kSeq, costs);
   PipelineRun run;
-  run.model = model::GPT2(config, model::LayerRange{r.begin, r.end});
-  run.model->reset_parameters(kSeed);
-  run.stage = std::make_unique<pipeline::GptStage>(run.model, m, /*bf16=*/false);
-  run.transport = std::make_unique<pipeline::CommTransport>(comm, grad_comm());
+  std::vector<pipeline::Stage*> stages;
+  for (int c = 0; c < per_rank; ++c) {
+    const auto r = split[static_cast<size_t>(comm.rank() + c * n)];
+    run.models.emplace_back(config, model::LayerRange{r.begin, r.end});
+    run.models.back()->reset_parameters(kSeed);
+    run.stages.push_back(std::make_unique<pipeline::GptStage>(run.models.back(), m, false));
+    stages.push_back(run.stages.back().get());
+  }
+  // MPI calls never block, so the wrap channels may share the two communicators.
+  run.transport = std::make_unique<pipeline::CommTransport>(comm, grad_comm(), &comm, &grad_comm());
   run.executor = std::make_unique<pipeline::Executor>(
-      *run.stage, *run.transport,
-      pipeline::make_schedule(kind, m, comm.size())[static_cast<size_t>(comm.rank())], comm.rank(),
-      torch::kCPU);
+      stages, *run.transport,
+      pipeline::make_schedule(kind, m, n, per_rank)[static_cast<size_t>(comm.rank())],
+      comm.rank(), n, torch::kCPU);
   return run;
+}
+
+double pipeline_loss(PipelineRun& run);
+
+// One step of `run` on `batch`: the loss and every gradient of this rank's stages equal the whole
+// model's (`ref`), the tied weight's on both ends included.
+void expect_whole_model_gradients(PipelineRun& run, const pipeline::StageBatch& batch,
+                                  double ref_loss, std::map<std::string, torch::Tensor>& ref) {
+  run.set_batch(batch);
+  run.executor->run_step(0, 0.0);
+  pipeline::sync_tied_gradient(run.models, world());
+  EXPECT_NEAR(pipeline_loss(run), ref_loss, 1e-5 * ref_loss);
+  int checked = 0;
+  for (const auto& model : run.models) {
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(ref.count(p.key())) << p.key();
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_LT(rel_diff(p.value().grad(), ref[p.key()]), 1e-5) << p.key();
+      ++checked;
+    }
+    // The tied weight: embedding part + head part on both the first and the last stage.
+    if (model->tied_parameter().defined()) {
+      EXPECT_LT(rel_diff(model->tied_parameter().grad(), ref["wte.weight"]), 1e-5);
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 // Loss of the whole batch on the whole model; gradients left in `full`.
@@ -94,8 +139,10 @@ double full_step(model::GPT2& full, const pipeline::StageBatch& b) {
 }
 
 // The loss as every rank sees it: broadcast from the last stage.
-double pipeline_loss(pipeline::GptStage& stage) {
-  auto t = torch::tensor({stage.take_loss()}, torch::kFloat64);
+double pipeline_loss(PipelineRun& run) {
+  double sum = 0;
+  for (auto& s : run.stages) sum += s->take_loss();
+  auto t = torch::tensor({sum}, torch::kFloat64);
   world().broadcast(t, world().size() - 1);
   return t.item<double>();
 }
@@ -114,25 +161,41 @@ TEST(PipelineMpi, LossAndEveryGradientMatchTheWholeModel) {
       for (int m : {1, 2, 4}) {
         SCOPED_TRACE(partition + " " + pipeline::to_string(kind) + " M=" + std::to_string(m));
         auto run = make_pipeline(config, partition, kind, m);
-        run.stage->set_batch(batch);
-        run.executor->run_step(0, 0.0);
-        pipeline::sync_tied_gradient(*run.model, world());
-        EXPECT_NEAR(pipeline_loss(*run.stage), ref_loss, 1e-5 * ref_loss);
-        int checked = 0;
-        for (const auto& p : run.model->named_parameters()) {
-          ASSERT_TRUE(ref.count(p.key())) << p.key();
-          ASSERT_TRUE(p.value().grad().defined()) << p.key();
-          EXPECT_LT(rel_diff(p.value().grad(), ref[p.key()]), 1e-5) << p.key();
-          ++checked;
-        }
-        EXPECT_GT(checked, 0);
-        // The tied weight: embedding part + head part on both the first and the last stage.
-        if (run.model->tied_parameter().defined()) {
-          EXPECT_LT(rel_diff(run.model->tied_parameter().grad(), ref["wte.weight"]), 1e-5);
-        }
+        expect_whole_model_gradients(run, batch, ref_loss, ref);
       }
     }
   }
+}
+
+// Interleaved: 2 and 3 stages per rank, on a model with enough blocks for 4 ranks x 3 stages.
+TEST(PipelineMpi, InterleavedLossAndEveryGradientMatchTheWholeModel) {
+  auto config = small_config();
+  config.n_layer = 12;
+  const int n = world().size();
+  constexpr int64_t kRows = 12;  // divisible by M = 2, 3, 4, 6
+  const auto batch = random_batch(9, config.vocab_size, kRows);
+  model::GPT2 full(config);
+  full->reset_parameters(kSeed);
+  const double ref_loss = full_step(full, batch);
+  std::map<std::string, torch::Tensor> ref;
+  for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad();
+
+  int runs = 0;
+  for (const std::string partition : {"uniform", "balanced", "measured"}) {
+    for (int per_rank : {2, 3}) {
+      for (int m : {n, 2 * n}) {
+        // HW5's uniform split exists only where the stages divide the 12 blocks evenly enough.
+        if (kRows % m != 0 || (partition == "uniform" && 12 % (n * per_rank) != 0)) continue;
+        SCOPED_TRACE(partition + " interleaved x" + std::to_string(per_rank) +
+                     " M=" + std::to_string(m));
+        auto run = make_pipeline(config, partition, pipeline::ScheduleKind::kInterleaved, m,
+                                 per_rank, kRows);
+        expect_whole_model_gradients(run, batch, ref_loss, ref);
+        ++runs;
+      }
+    }
+  }
+  EXPECT_GE(runs, 5);
 }
 
 TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {
@@ -144,18 +207,16 @@ TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {
                                torch::optim::AdamWOptions(lr).weight_decay(0.01));
   auto pp = make_pipeline(config, "balanced", pipeline::ScheduleKind::kOneFOneB, 4);
   auto mp = make_pipeline(config, "balanced", pipeline::ScheduleKind::kGPipe, 1);  // model_parallel
-  torch::optim::AdamW pp_opt(pp.model->parameters(),
-                             torch::optim::AdamWOptions(lr).weight_decay(0.01));
-  torch::optim::AdamW mp_opt(mp.model->parameters(),
-                             torch::optim::AdamWOptions(lr).weight_decay(0.01));
+  torch::optim::AdamW pp_opt(pp.parameters(), torch::optim::AdamWOptions(lr).weight_decay(0.01));
+  torch::optim::AdamW mp_opt(mp.parameters(), torch::optim::AdamWOptions(lr).weight_decay(0.01));
   auto step = [&](PipelineRun& run, torch::optim::AdamW& opt, const pipeline::StageBatch& b) {
-    run.stage->set_batch(b);
+    run.set_batch(b);
     run.executor->run_step(0, 0.0);
-    pipeline::sync_tied_gradient(*run.model, world());
-    pipeline::clip_grad_norm_pipeline(*run.model, &world(), clip);
+    pipeline::sync_tied_gradient(run.models, world());
+    pipeline::clip_grad_norm_pipeline(run.models, &world(), clip);
     opt.step();
     opt.zero_grad();
-    return pipeline_loss(*run.stage);
+    return pipeline_loss(run);
   };
   for (int s = 0; s < 3; ++s) {
     const auto b = random_batch(100 + s, config.vocab_size);
@@ -170,10 +231,10 @@ TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {
     EXPECT_NEAR(l_pp, l_mp, 1e-5 * ref) << "step " << s;
   }
   // The two copies of the tied weight stayed identical through the optimizer steps.
-  auto w = pp.model->tied_parameter();
+  auto w = pp.models[0]->tied_parameter();
   if (w.defined()) {
     auto other = w.detach().clone();
-    const int n = world().size(), peer = pp.model->has_embedding() ? n - 1 : 0;
+    const int n = world().size(), peer = pp.models[0]->has_embedding() ? n - 1 : 0;
     if (world().rank() < peer) {
       world().send(w.detach(), peer);
       world().recv(other, peer);

@@ -1,9 +1,11 @@
-// pp_train's loop end to end at 2, 3 and 4 ranks (one stage each): rank files with the steps and
-// the executed actions, a checkpoint per stage, and a --resume that continues exactly as a run that
-// never stopped, on the split the checkpoint was written with even when --partition says another.
+// pp_train's loop end to end at 2, 3 and 4 ranks (one stage each, and two each interleaved): rank
+// files with the steps and the executed actions, a checkpoint per stage, and a --resume that
+// continues exactly as a run that never stopped, on the split the checkpoint was written with even
+// when --partition says another.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/pp_trainer.h"
@@ -58,6 +60,37 @@ TEST_F(PipelineTrainer, MeasuredSplitTrainsCheckpointsAndResumesOnItsSplit) {
   EXPECT_EQ(read_attribute(rank_file("b"), "layer_end"), saved.end);
 
   ASSERT_EQ(train_pipeline(config("c", 3, "uniform"), topo), 0);
+  expect_resume_continues_the_run(1e-5);
+}
+
+// Two stages per rank (rank r runs stages r and r + n): every stage gets its checkpoint, the
+// actions name both stages, and the resumed run continues the uninterrupted one.
+TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
+  const int n = comm->size();
+  const auto interleaved = [&](const std::string& out, int64_t steps) {
+    auto c = TrainerTest::config(out, steps, /*blocks=*/8);  // 4 ranks x 2 stages fit
+    c.mode = "pipeline";
+    c.schedule = "interleaved";
+    c.stages_per_rank = 2;
+    c.microbatches = n;  // a multiple of the ranks dividing the batch of 12
+    c.partition = "balanced";
+    return c;
+  };
+  ASSERT_EQ(train_pipeline(interleaved("a", 2), topo), 0);
+  const auto a = rank_file("a");
+  EXPECT_EQ(read_attribute(a, "stages_per_rank"), 2);
+  std::set<double> stages;
+  for (double s : read_column(a, "/actions/stage")) stages.insert(s);
+  EXPECT_EQ(stages, (std::set<double>{static_cast<double>(comm->rank()),
+                                      static_cast<double>(comm->rank() + n)}));
+  for (int s : {comm->rank(), comm->rank() + n}) {
+    const std::string ckpt = dir + "/a/checkpoint/stage" + std::to_string(s);
+    EXPECT_EQ(model::read_train_state(ckpt).step, 2) << ckpt;
+  }
+  auto resumed = interleaved("b", 3);
+  resumed.resume = dir + "/a/checkpoint";
+  ASSERT_EQ(train_pipeline(resumed, topo), 0);
+  ASSERT_EQ(train_pipeline(interleaved("c", 3), topo), 0);
   expect_resume_continues_the_run(1e-5);
 }
 

@@ -2,6 +2,7 @@
 // exactly what the schedule says, values flow where they should, and broken lists fail clearly.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,15 +75,17 @@ class FakeTransport : public Transport {
   std::vector<std::string>* log_;
 };
 
-// What the fake log should read for an action list.
-std::vector<std::string> expected_log(const RankActions& actions) {
+// What the fake log should read for an action list on n_ranks ranks (transfers name peer ranks).
+std::vector<std::string> expected_log(const RankActions& actions, int n_ranks) {
   std::vector<std::string> out;
   for (const auto& a : actions) {
     const auto s = std::to_string(a.stage);
     if (a.is_compute()) {
       out.push_back(s + (a.op == Action::Op::kForward ? "F" : "B") + std::to_string(a.microbatch));
     } else {
-      out.push_back(s + (a.is_send() ? "SEND->" : "RECV<-") + std::to_string(a.peer));
+      out.push_back(std::to_string(rank_of_stage(a.stage, n_ranks)) +
+                    (a.is_send() ? "SEND->" : "RECV<-") +
+                    std::to_string(rank_of_stage(a.peer, n_ranks)));
     }
   }
   return out;
@@ -99,9 +102,9 @@ TEST(Executor, RunsExactlyTheScheduleOnEveryRank) {
           std::vector<std::string> log;
           FakeStage stage(s, n, &log);
           FakeTransport transport(s, &log);
-          Executor exec(stage, transport, schedule[static_cast<size_t>(s)], s, torch::kCPU);
+          Executor exec(stage, transport, schedule[static_cast<size_t>(s)], s, n, torch::kCPU);
           const auto times = exec.run_step(7, 1.5);
-          EXPECT_EQ(log, expected_log(schedule[static_cast<size_t>(s)]));
+          EXPECT_EQ(log, expected_log(schedule[static_cast<size_t>(s)], n));
           // One record per action, in order, with its op code, micro-batch and sane times.
           ASSERT_EQ(times.actions.size(), schedule[static_cast<size_t>(s)].size());
           for (size_t i = 0; i < times.actions.size(); ++i) {
@@ -131,7 +134,7 @@ TEST(Executor, PostsActivationsAndGradientsOnTheirOwnChannels) {
         FakeStage stage(s, n, &log);
         FakeTransport transport(s, &log);
         const auto& actions = schedule[static_cast<size_t>(s)];
-        Executor(stage, transport, actions, s, torch::kCPU).run_step(0, 0);
+        Executor(stage, transport, actions, s, n, torch::kCPU).run_step(0, 0);
         std::vector<Channel> want;
         for (const auto& a : actions) {
           if (a.is_compute()) continue;
@@ -151,7 +154,8 @@ TEST(Executor, SendsActivationsAndInputGradientsAndAccumulates) {
   std::vector<std::string> log;
   FakeStage stage(1, 3, &log);
   FakeTransport transport(1, &log);
-  Executor exec(stage, transport, make_schedule(ScheduleKind::kOneFOneB, 2, 3)[1], 1, torch::kCPU);
+  Executor exec(stage, transport, make_schedule(ScheduleKind::kOneFOneB, 2, 3)[1], 1, 3,
+                torch::kCPU);
   exec.run_step(0, 0.0);
   ASSERT_EQ(transport.sent.size(), 4u);
   for (const auto& t : transport.sent) EXPECT_TRUE(torch::equal(t, torch::full({2}, 3.0)));
@@ -161,10 +165,45 @@ TEST(Executor, SendsActivationsAndInputGradientsAndAccumulates) {
   std::vector<std::string> log0;
   FakeStage first(0, 2, &log0);
   FakeTransport t0(0, &log0);
-  Executor e0(first, t0, make_schedule(ScheduleKind::kGPipe, 2, 2)[0], 0, torch::kCPU);
+  Executor e0(first, t0, make_schedule(ScheduleKind::kGPipe, 2, 2)[0], 0, 2, torch::kCPU);
   e0.run_step(0, 0.0);
   EXPECT_TRUE(torch::equal(first.w().grad(), torch::full({2}, 3.0)));
   EXPECT_TRUE(torch::equal(t0.sent[1], torch::full({2}, 4.0)));  // activation of mb 1: 2 * 2
+}
+
+// Interleaved: each rank holds V stages (rank + c R) and runs exactly its list over them, posting
+// every transfer to the peer stage's rank on the channel the schedule gives it.
+TEST(Executor, RunsInterleavedStagesOfOneRank) {
+  for (int R : {2, 3}) {
+    for (int V : {2, 3}) {
+      const int n = R * V;
+      const auto schedule = make_schedule(ScheduleKind::kInterleaved, 2 * R, R, V);
+      for (int r = 0; r < R; ++r) {
+        SCOPED_TRACE("R=" + std::to_string(R) + " V=" + std::to_string(V) + " rank " +
+                     std::to_string(r));
+        std::vector<std::string> log;
+        std::vector<std::unique_ptr<FakeStage>> owned;
+        std::vector<Stage*> stages;
+        for (int c = 0; c < V; ++c) {
+          owned.push_back(std::make_unique<FakeStage>(r + c * R, n, &log));
+          stages.push_back(owned.back().get());
+        }
+        FakeTransport transport(r, &log);
+        const auto& actions = schedule[static_cast<size_t>(r)];
+        const auto times = Executor(stages, transport, actions, r, R, torch::kCPU).run_step(0, 0);
+        EXPECT_EQ(log, expected_log(actions, R));
+        ASSERT_EQ(times.actions.size(), actions.size());
+        std::vector<Channel> want;
+        for (size_t i = 0; i < actions.size(); ++i) {
+          EXPECT_EQ(times.actions[i].stage, actions[i].stage);
+          if (!actions[i].is_compute()) want.push_back(channel_of(actions[i], R));
+        }
+        EXPECT_EQ(transport.channels, want);
+        // Every stage's weight got the gradients of both micro-batches.
+        for (const auto& st : owned) EXPECT_TRUE(st->w().grad().defined());
+      }
+    }
+  }
 }
 
 std::string run_error(const std::string& actions, int rank, int n) {
@@ -172,7 +211,7 @@ std::string run_error(const std::string& actions, int rank, int n) {
   FakeStage stage(rank, n, &log);
   FakeTransport transport(rank, &log);
   try {
-    Executor exec(stage, transport, parse_actions(actions), rank, torch::kCPU);
+    Executor exec(stage, transport, parse_actions(actions), rank, n, torch::kCPU);
     exec.run_step(0, 0.0);
   } catch (const Error& e) {
     return e.what();
@@ -181,8 +220,10 @@ std::string run_error(const std::string& actions, int rank, int n) {
 }
 
 TEST(Executor, BrokenActionListsFailClearly) {
-  EXPECT_NE(run_error("1F0", 0, 2).find("action 1F0 is for stage 1 but this executor runs stage 0"),
+  EXPECT_NE(run_error("1F0", 0, 2).find(
+                "action 1F0 is for stage 1 but the executor of rank 0 runs 1 stage(s) from stage 0"),
             std::string::npos);
+  EXPECT_NE(run_error("2F0", 0, 2).find("action 2F0 is for stage 2"), std::string::npos);
   EXPECT_NE(run_error("0B0", 0, 2).find("micro-batch 0 has no forward pending"), std::string::npos);
   EXPECT_NE(run_error("1F0 1B0", 1, 2).find("no receive for it was posted"), std::string::npos);
   EXPECT_NE(run_error("0F0 0SEND_F0->1", 0, 2).find("1 forward(s) without backward"),

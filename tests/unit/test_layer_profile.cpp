@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -108,6 +109,38 @@ TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
               make_plan(config, bad, c10::kCPU);
             }).find("3 micro-batches do not divide the batch of 4"),
             std::string::npos);
+}
+
+TEST(Plan, InterleavedRowsSplitIntoStagesTimesVAndNeedMAMultipleOfTheRanks) {
+  auto config = model::preset("tiny");
+  config.n_layer = 12;
+  config.n_embd = 32;
+  config.n_head = 2;
+  config.vocab_size = 300;
+  PlanSpec spec;
+  spec.stages = 2;
+  spec.batch_size = 12;
+  spec.seq_len = 8;
+  spec.microbatches = {3, 4};  // 3 is no multiple of 2 ranks: no interleaved row
+  spec.stages_per_rank = {1, 3};
+  spec.reps = 1;
+  const Plan plan = make_plan(config, spec, c10::kCPU);
+  int interleaved = 0;
+  for (const auto& r : plan.rows) {
+    EXPECT_EQ(r.stage_busy_s.size(), 2U);
+    if (r.schedule != "interleaved") {
+      EXPECT_EQ(r.stages_per_rank, 1);
+      continue;
+    }
+    ++interleaved;
+    EXPECT_EQ(r.stages_per_rank, 3);
+    EXPECT_EQ(r.microbatches, 4);
+    EXPECT_EQ(std::count(r.split.begin(), r.split.end(), '|'), 5) << r.split;  // 6 stages
+    EXPECT_DOUBLE_EQ(r.ideal, 2.0 * 12 / (12 + 1));
+    EXPECT_GT(r.speedup, 0.0);
+  }
+  EXPECT_EQ(interleaved, 3);  // one per partition
+  EXPECT_EQ(to_json(plan, 12)["predictions"][0]["stages_per_rank"], 1);
 }
 
 // pp_plan sits in the build directory, one level above this test binary.

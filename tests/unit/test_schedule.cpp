@@ -195,7 +195,61 @@ TEST(ScheduleKind, ParsesNames) {
   EXPECT_EQ(to_string(ScheduleKind::kGPipe), "gpipe");
   const std::string msg = error_of([] { parse_schedule_kind("pipedream"); });
   EXPECT_NE(msg.find("unknown pipeline schedule 'pipedream'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("use one of: gpipe, 1f1b"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("use one of: gpipe, 1f1b, interleaved"), std::string::npos) << msg;
+  EXPECT_EQ(parse_schedule_kind("interleaved"), ScheduleKind::kInterleaved);
+  EXPECT_EQ(to_string(ScheduleKind::kInterleaved), "interleaved");
+}
+
+// Megatron-LM's order for 2 ranks x 2 stages, 4 micro-batches: rank 0 runs stages 0 and 2,
+// warms up with 2 (R - r - 1) + (V - 1) R = 4 forwards, rank 1 (stages 1, 3) with 2.
+TEST(Interleaved, TwoRanksTwoStagesEachFourMicroBatches) {
+  const Schedule expected = ranks({
+      "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3",
+      "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3",
+  });
+  EXPECT_EQ(to_string(interleaved_schedule(4, 2, 2)), to_string(expected));
+}
+
+TEST(Interleaved, AsManyMicroBatchesAsRanksRunsAllForwardsFirst) {
+  const Schedule expected = ranks({"0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1", "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1"});
+  EXPECT_EQ(to_string(interleaved_schedule(2, 2, 2)), to_string(expected));
+}
+
+TEST(Interleaved, CommunicationNamesPeerStagesOnOtherRanks) {
+  const Schedule s = make_schedule(ScheduleKind::kInterleaved, 2, 2, 2);
+  ASSERT_EQ(s.size(), 2u);
+  // Stage 1 (rank 1) hands its activation to stage 2, which is back on rank 0.
+  EXPECT_EQ(to_string(s[1]).find("1RECV_F0<-0 1F0 1SEND_F0->2 1RECV_F1<-0 1F1 1SEND_F1->2"), 0u)
+      << to_string(s[1]);
+  EXPECT_NE(to_string(s[0]).find("2RECV_F0<-1 2F0 2SEND_F0->3"), std::string::npos)
+      << to_string(s[0]);
+  EXPECT_NE(to_string(s[0]).find("2RECV_B0<-3 2B0 2SEND_B0->1"), std::string::npos)
+      << to_string(s[0]);
+}
+
+TEST(Interleaved, RejectsSizesItCannotRun) {
+  EXPECT_NE(error_of([] { interleaved_schedule(3, 2, 2); })
+                .find("3 micro-batches are not a multiple of the 2 ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { interleaved_schedule(4, 2, 1); }).find("1 stage(s) per rank"),
+            std::string::npos);
+  const std::string msg = error_of([] { make_schedule(ScheduleKind::kOneFOneB, 4, 2, 2); });
+  EXPECT_NE(msg.find("1f1b runs one stage per rank, not 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--schedule interleaved"), std::string::npos) << msg;
+}
+
+TEST(Channel, WrapsOnlyWhereATransferGoesAgainstTheRankOrder) {
+  EXPECT_EQ(channel_of(parse_action("0SEND_F0->1"), 2), Channel::kActivations);
+  EXPECT_EQ(channel_of(parse_action("1RECV_F0<-0"), 2), Channel::kActivations);
+  EXPECT_EQ(channel_of(parse_action("1SEND_F0->2"), 2), Channel::kActivationsWrap);
+  EXPECT_EQ(channel_of(parse_action("2RECV_F0<-1"), 2), Channel::kActivationsWrap);
+  EXPECT_EQ(channel_of(parse_action("1SEND_B0->0"), 2), Channel::kGradients);
+  EXPECT_EQ(channel_of(parse_action("2SEND_B0->1"), 2), Channel::kGradientsWrap);
+  EXPECT_EQ(channel_of(parse_action("1RECV_B0<-2"), 2), Channel::kGradientsWrap);
+  EXPECT_EQ(channel_of(parse_action("2SEND_F0->3"), 4), Channel::kActivations);
+  EXPECT_EQ(channel_of(parse_action("3SEND_F0->4"), 4), Channel::kActivationsWrap);
+  EXPECT_NE(error_of([] { channel_of(parse_action("0F0"), 2); }).find("is no transfer"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -25,6 +25,9 @@ struct RunContext {
   // pp_train only: a second communicator (own NCCL stream) for the pipeline's gradient transfers,
   // so activations and gradients never queue behind each other (pipeline/executor.h).
   std::unique_ptr<comm::Communicator> grad_comm;
+  // pp_train with several stages per rank: one more each for the transfers that wrap from the
+  // last rank to the first (activations) and back (gradients) (pipeline/schedule.h, Channel).
+  std::unique_ptr<comm::Communicator> act_wrap_comm, grad_wrap_comm;
   data::BpeTokenizer tokenizer;
   data::SpecialTokens special;
   model::GPT2Config model_config;

@@ -22,6 +22,9 @@ struct PlanSpec {
   int64_t seq_len = 128;
   bool bf16 = false;                              // autocast, as pp_train --precision bf16
   std::vector<int> microbatches{1, 2, 4, 8, 16};  // each divides batch_size
+  // Stages per rank V: 1 predicts gpipe and 1f1b, V >= 2 the interleaved schedule on stages x V
+  // stages (for each M that is a multiple of `stages`).
+  std::vector<int> stages_per_rank{1, 2};
   double link_gbs = 200;  // GB/s of one activation/gradient transfer (fp32 activations)
   int reps = 5;           // timed iterations per round of the layer profile
 };
@@ -29,13 +32,14 @@ struct PlanSpec {
 struct PlanRow {
   std::string partition;  // uniform | balanced | measured
   std::string split;      // "0-8|9-13"
-  std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b
+  std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b | interleaved
+  int stages_per_rank = 1;
   int microbatches = 1;
   double step_s = 0;
   double speedup = 0;  // over model_parallel on the same split
-  double ideal = 0;    // n m / (m + n - 1): equal stages, no loss of efficiency
+  double ideal = 0;    // n m V / (m V + n - 1): equal stages, no loss of efficiency
   double idle = 0;     // idle fraction of all stages
-  std::vector<double> stage_busy_s;
+  std::vector<double> stage_busy_s;  // per rank
 };
 
 struct Plan {
@@ -45,12 +49,15 @@ struct Plan {
 };
 
 // Measures (M = 1, the model-parallel baseline, always) and predicts. Throws gpt2p::Error for an M
-// that does not divide the batch, or more stages than blocks. A uniform split that leaves a stage
-// empty (e.g. 12 blocks on 8 stages) gives no uniform rows and a note.
+// that does not divide the batch, a V < 1, or more stages than blocks. A uniform split that leaves
+// a stage empty (e.g. 12 blocks on 8 stages) gives no uniform rows and a note, as does a V whose
+// stages x V exceed the blocks. Interleaved rows are relative to model parallelism on the
+// partition's split into `stages` stages.
 Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "predictions": [{partition, split, schedule,
-// microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction, stage_busy_s}]}
+// stages_per_rank, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
+// stage_busy_s}]}
 nlohmann::json to_json(const Plan& plan, int n_layer);
 
 }  // namespace gpt2p::pipeline

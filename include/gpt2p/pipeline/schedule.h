@@ -13,8 +13,10 @@
 //   tick 3             (2,1)     (1,2)
 //   tick 4                       (2,2)
 //
-// Action lists: rank r runs stage r (one stage per rank). Each action prints as in
-// torch.distributed.pipelining, with the peer of send/recv appended:
+// Action lists: one per rank. With R ranks and S = R * V stages, rank r runs stages r, r + R,
+// r + 2R, ... (V = 1: rank r runs stage r; V > 1: the interleaved schedule's "virtual stages", which
+// cut the bubble V-fold at the same micro-batch size). Each action names its stage and prints as
+// in torch.distributed.pipelining, with the peer stage of send/recv appended:
 //
 //   "2F0"        stage 2, forward of micro-batch 0
 //   "1B3"        stage 1, backward of micro-batch 3
@@ -45,10 +47,13 @@ std::ostream& operator<<(std::ostream& os, const Cell& c);  // "(i,j)"
 // The m + n - 1 ticks of GPipe's forward pass (see the table above). m >= 1, n >= 1.
 std::vector<std::vector<Cell>> clock_cycles(int n_microbatches, int n_stages);
 
+// The rank that runs `stage` when R = n_ranks ranks share the stages round-robin.
+inline int rank_of_stage(int stage, int n_ranks) { return stage % n_ranks; }
+
 struct Action {
   enum class Op { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad };
   Op op = Op::kForward;
-  int stage = 0;  // the stage (== rank) that executes the action
+  int stage = 0;  // the stage it belongs to; rank_of_stage(stage, R) executes it
   int microbatch = 0;
   int peer = -1;  // the other stage of a send/recv; -1 for F and B
 
@@ -61,7 +66,8 @@ struct Action {
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
 
-// Per rank, the actions in execution order. schedule[r] holds only actions with stage == r.
+// Per rank, the actions in execution order. schedule[r] holds only actions of stages s with
+// rank_of_stage(s, schedule.size()) == r.
 using RankActions = std::vector<Action>;
 using Schedule = std::vector<RankActions>;
 
@@ -91,17 +97,40 @@ Schedule gpipe_schedule(int n_microbatches, int n_stages);
 // so at most min(m, n - s) activations are alive on stage s at any time.
 Schedule one_f_one_b_schedule(int n_microbatches, int n_stages);
 
-// Inserts the point-to-point actions into a compute-only schedule of n stages:
+// Interleaved 1F1B (Megatron-LM's virtual pipeline, torch's ScheduleInterleaved1F1B): R ranks,
+// V >= 2 stages per rank (rank r runs stages r, r + R, ...), m micro-batches with m % R == 0.
+// Every rank walks the same order of (chunk, micro-batch) pairs: forward k (0 <= k < m V) is
+// micro-batch (k / (R V)) R + k % R of its chunk (k / R) % V; backward k the same micro-batch of
+// chunk V - 1 - (k / R) % V. Rank r runs w = min(m V, 2 (R - r - 1) + (V - 1) R) forwards first
+// (all m V when m == R), then alternates F(w + i), B(i), then the remaining backwards. The bubble
+// is (R - 1) / V stage-times instead of 1F1B's R - 1, for up to w + 1 activations alive per rank.
+Schedule interleaved_schedule(int n_microbatches, int n_ranks, int stages_per_rank);
+
+// Inserts the point-to-point actions into a compute-only schedule of n stages on R =
+// compute.size() ranks (each transfer names the peer stage; ranks follow rank_of_stage):
 //   before F at s > 0:      RECV_F from s-1      after F at s < n-1:  SEND_F to s+1
 //   before B at s < n-1:    RECV_B from s+1      after B at s > 0:    SEND_B to s-1
-// Throws if the input already holds send/recv actions or a rank's actions name another stage.
+// Throws if the input already holds send/recv actions, n is not a multiple of R, or a rank's list
+// names a stage that another rank runs.
 Schedule add_communication(const Schedule& compute, int n_stages);
 
-enum class ScheduleKind { kGPipe, kOneFOneB };
-// "gpipe" or "1f1b"; throws gpt2p::Error listing the accepted names.
+// The link a transfer travels on. Activations go to the next stage, gradients to the previous
+// one; with V > 1 stages per rank, the step from the last rank back to rank 0 (activations) and
+// from rank 0 to the last rank (gradients) "wraps" around. Each channel is its own communicator
+// (own NCCL stream) in pp_train, so every stream carries transfers between any two ranks in one
+// direction only, in the same micro-batch order on both sides (see executor.h).
+enum class Channel { kActivations, kGradients, kActivationsWrap, kGradientsWrap };
+constexpr int kNumChannels = 4;
+// The channel of a SEND_* / RECV_* action on R ranks; throws for F and B.
+Channel channel_of(const Action& a, int n_ranks);
+
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
+// "gpipe", "1f1b" or "interleaved"; throws gpt2p::Error listing the accepted names.
 ScheduleKind parse_schedule_kind(const std::string& name);
 std::string to_string(ScheduleKind kind);
-// The compute schedule of `kind` with communication added: what an executor runs.
-Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_stages);
+// The compute schedule of `kind` with communication added: what executors run, one list per rank.
+// gpipe and 1f1b take stages_per_rank 1; interleaved takes >= 2 (n_ranks * stages_per_rank stages).
+Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks,
+                       int stages_per_rank = 1);
 
 }  // namespace gpt2p::pipeline
