@@ -133,7 +133,7 @@ def cmd_sweep(args) -> int:
               "time_std": p["time_std"]}
         if run.is_pipeline:
             c = run.config
-            pt.update(mode=c.get("mode", "pipeline"), schedule=c.get("schedule", "?"),
+            pt.update(mode=c.get("mode", "pipeline"), schedule=run.schedule,
                       microbatches=int(c.get("microbatches", 1)))
             b = metrics.bubble(run)
             if b:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from analysis.reader import Run, warn
+from analysis.reader import Run, schedule_name, warn
 
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer")
 OP_NAMES = {0: "forward", 1: "backward", 2: "send activation", 3: "recv activation",
@@ -135,28 +135,32 @@ def clock_offset(rank, ref) -> float:
 
 def actions(run: Run) -> Dict[str, np.ndarray]:
     """All ranks' /actions rows concatenated (empty columns when the run recorded none), with
-    every rank's times moved onto the last stage's clock (clock_offset)."""
+    every rank's times moved onto the last rank's clock (clock_offset), and a `rank` column (the
+    file's rank; `stage` is the action's stage, which differs with several stages per rank)."""
     cols = ("step", "stage", "op", "microbatch", "start", "end", "bytes_sent", "bytes_recv")
     ranks = [r for r in run.ranks if r.rows("actions")]
     if not ranks:
-        return {c: np.zeros(0) for c in cols}
+        return {c: np.zeros(0) for c in cols + ("rank",)}
     ref = run.ranks[-1]
     parts = []
     for r in ranks:
         t = dict(r.table("actions"))
         off = clock_offset(r, ref)
         t["start"], t["end"] = t["start"] - off, t["end"] - off
+        t["rank"] = np.full(len(t["step"]), float(r.rank))
         parts.append(t)
-    return {c: np.concatenate([p[c] for p in parts]) for c in cols}
+    return {c: np.concatenate([p[c] for p in parts]) for c in cols + ("rank",)}
 
 
 def bubble(run: Run) -> Optional[Dict[str, float]]:
-    """Measured pipeline idle fraction: per step, 1 - (compute time summed over stages) /
-    (stages x step span), averaged over steps after the first; and the ideal (n-1)/(M+n-1)."""
+    """Measured pipeline idle fraction: per step, 1 - (compute time summed over ranks) /
+    (ranks x step span), averaged over steps after the first; and the ideal (n-1)/(V M+n-1) for
+    n ranks running V stages each (V = 1 but for the interleaved schedule)."""
     a = actions(run)
     if a["step"].size == 0:
         return None
-    n = int(a["stage"].max()) + 1
+    n = int(a["rank"].max()) + 1
+    v = max(1, (int(a["stage"].max()) + 1) // n)
     m = int(a["microbatch"].max()) + 1
     fractions = []
     for step in np.unique(a["step"]):
@@ -167,8 +171,9 @@ def bubble(run: Run) -> Optional[Dict[str, float]]:
         if span > 0:
             fractions.append(1.0 - busy / (n * span))
     measured = fractions[1:] if len(fractions) > 1 else fractions
-    return {"stages": n, "microbatches": m, "measured": float(np.mean(measured)),
-            "ideal": (n - 1) / (m + n - 1), "steps": len(fractions)}
+    return {"stages": n, "stages_per_rank": v, "microbatches": m,
+            "measured": float(np.mean(measured)), "ideal": (n - 1) / (v * m + n - 1),
+            "steps": len(fractions)}
 
 
 def loss_rank(run: Run):
@@ -201,7 +206,8 @@ def plan_points(plan: Dict, partition: str, batch_size: int, seq_len: int, stage
         if p["partition"] != partition:
             continue
         tok = tokens / p["step_s"]
-        pts.append({"schedule": p["schedule"], "microbatches": int(p["microbatches"]), "tok_s": tok,
+        pts.append({"schedule": schedule_name(p["schedule"], int(p.get("stages_per_rank", 1))),
+                    "microbatches": int(p["microbatches"]), "tok_s": tok,
                     "model_parallel_tok_s": tok / p["speedup_vs_model_parallel"], "split": p["split"]})
     if not pts:
         raise ValueError(f"the plan has no prediction for partition '{partition}'")

@@ -18,6 +18,11 @@ TABLES = ("steps", "epochs", "actions")
 RANK_FILE = re.compile(r"^rank(\d+)\.h5(\.partial)?$")
 
 
+def schedule_name(schedule: str, stages_per_rank: int = 1) -> str:
+    """"1f1b", "gpipe", or "interleaved x<V>" for V stages per rank."""
+    return f"{schedule} x{stages_per_rank}" if stages_per_rank > 1 else schedule
+
+
 class RunError(Exception):
     """A run directory or timing file that cannot be analysed; the message says what to do."""
 
@@ -72,13 +77,23 @@ class Run:
     def partial(self) -> bool:
         return any(r.partial for r in self.ranks)
 
+    @property
+    def stages_per_rank(self) -> int:
+        """Pipeline stages each rank runs (the interleaved schedule's V; 1 otherwise)."""
+        return int(self.config.get("stages_per_rank", 1) or 1)
+
+    @property
+    def schedule(self) -> str:
+        """The schedule's name, with the stages per rank of an interleaved one: "interleaved x2"."""
+        return schedule_name(str(self.config.get("schedule", "?")), self.stages_per_rank)
+
     def label(self) -> str:
         c = self.config
         if self.is_pipeline:
             mode = c.get("mode", "pipeline")
             if mode == "model_parallel":
                 return f"{self.program} model_parallel n={self.world_size}"
-            return f"{self.program} {c.get('schedule', '?')} M={c.get('microbatches', '?')} n={self.world_size}"
+            return f"{self.program} {self.schedule} M={c.get('microbatches', '?')} n={self.world_size}"
         return f"{self.program} n={self.world_size}"
 
 

@@ -1,6 +1,8 @@
-"""Pipeline timelines from the /actions table: a Gantt chart of one step (one row per stage, a box
-per forward/backward micro-batch, communication as thin boxes below, bubbles left blank) and the
-whole run as a Chrome/Perfetto trace (chrome://tracing or ui.perfetto.dev).
+"""Pipeline timelines from the /actions table: a Gantt chart of one step (one row per rank, a box
+per forward/backward micro-batch, communication as thin boxes below, bubbles left blank; with
+several stages per rank (interleaved) the later stages' boxes are hatched and labelled
+"micro-batch/stage") and the whole run as a Chrome/Perfetto trace (chrome://tracing or
+ui.perfetto.dev).
 
 Times are each rank's own clock (seconds since that rank started the run), moved onto the last
 stage's clock by metrics.clock_offset (the loss broadcast that ends every step is the common
@@ -59,28 +61,34 @@ def gantt(run: Run, path, step: Optional[int] = None) -> Path:
     step = pick_step(run, step)
     sel = a["step"] == step
     t0 = a["start"][sel].min()
-    n = int(a["stage"].max()) + 1
+    n = int(a["rank"].max()) + 1
+    v = max(1, (int(a["stage"].max()) + 1) // n)  # stages per rank
     span_ms = (a["end"][sel].max() - t0) * 1e3
     fig, ax = plt.subplots(figsize=(11, 0.9 * n + 1.8))
     for i in np.flatnonzero(sel):
-        stage, op, mb = int(a["stage"][i]), int(a["op"][i]), int(a["microbatch"][i])
+        rank, stage = int(a["rank"][i]), int(a["stage"][i])
+        op, mb = int(a["op"][i]), int(a["microbatch"][i])
         x0 = (a["start"][i] - t0) * 1e3
         w = (a["end"][i] - a["start"][i]) * 1e3
         compute = op in (0, 1, 6)
-        y = n - 1 - stage
+        y = n - 1 - rank
         h, yb = (0.6, y - 0.22) if compute else (0.18, y - 0.45)
+        later = op in (0, 1) and stage >= n  # a later stage of an interleaved rank
         ax.broken_barh([(x0, w)], (yb, h), facecolors=OP_COLORS.get(op, "black"),
-                       edgecolors="white", linewidth=0.6)
-        if op in (0, 1) and w > span_ms * 0.012:
-            ax.text(x0 + w / 2, yb + h / 2, str(mb), ha="center", va="center", color="white",
-                    fontsize=8, fontweight="bold")
-    ax.set_yticks(range(n), [f"stage {n - 1 - k}" for k in range(n)])
+                       edgecolors="white", linewidth=0.6, hatch="///" if later else None)
+        if op in (0, 1) and w > span_ms * (0.012 if v == 1 else 0.02):
+            ax.text(x0 + w / 2, yb + h / 2, str(mb) if v == 1 else f"{mb}/{stage}", ha="center",
+                    va="center", color="white", fontsize=8, fontweight="bold")
+    names = [f"rank {r}" if v == 1 else f"rank {r}: stages " + ", ".join(str(r + c * n) for c in range(v))
+             for r in range(n)]
+    ax.set_yticks(range(n), [names[n - 1 - k] for k in range(n)])
     ax.set_ylim(-0.6, n - 0.3)
     ax.set_xlim(0, span_ms * 1.01)
     ax.set_xlabel(f"time since the step started (ms); step {step}")
     b = metrics.bubble(run)
     bub = f", idle {b['measured']:.0%} (ideal bubble {b['ideal']:.0%})" if b else ""
-    ax.set_title(f"Pipeline timeline: {run.label()}{bub}\nboxes: micro-batch number; "
+    boxes = "micro-batch number" if v == 1 else "micro-batch/stage, later stages hatched"
+    ax.set_title(f"Pipeline timeline: {run.label()}{bub}\nboxes: {boxes}; "
                  "thin boxes below: communication; gaps: bubbles", fontsize=10)
     ops = sorted({int(o) for o in a["op"][sel]})
     ax.legend(handles=[Patch(color=OP_COLORS[o], label=metrics.OP_NAMES[o]) for o in ops],
@@ -98,27 +106,32 @@ def gantt(run: Run, path, step: Optional[int] = None) -> Path:
 
 
 def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
-    """traceEvents: complete events (ph "X") with pid = stage, tid 0 compute / 1 communication,
-    ts and dur in microseconds; metadata events name the processes and threads."""
+    """traceEvents: complete events (ph "X") with pid = rank, tid 0 compute / 1 communication,
+    ts and dur in microseconds; metadata events name the processes and threads. Event names carry
+    the stage when a rank runs several ("F 3 @2": forward of micro-batch 3 on stage 2)."""
     a = _require_actions(run)
     events: List[Dict] = []
-    n = int(a["stage"].max()) + 1
-    for stage in range(n):
-        events.append({"ph": "M", "name": "process_name", "pid": stage, "tid": 0,
-                       "args": {"name": f"stage {stage}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": stage, "tid": 0,
-                       "args": {"sort_index": stage}})
+    n = int(a["rank"].max()) + 1
+    several = int(a["stage"].max()) + 1 > n
+    for rank in range(n):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                       "args": {"sort_index": rank}})
         for tid, name in ((0, "compute"), (1, "communication")):
-            events.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": tid,
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                            "args": {"name": name}})
     for i in np.argsort(a["start"], kind="stable"):
         op = int(a["op"][i])
+        name = f"{OP_SHORT.get(op, op)} {int(a['microbatch'][i])}" if op != 6 else "optimizer"
+        if several and op != 6:
+            name += f" @{int(a['stage'][i])}"
         events.append({
-            "name": f"{OP_SHORT.get(op, op)} {int(a['microbatch'][i])}" if op != 6 else "optimizer",
-            "cat": metrics.OP_NAMES.get(op, str(op)), "ph": "X",
-            "pid": int(a["stage"][i]), "tid": 0 if op in (0, 1, 6) else 1,
+            "name": name, "cat": metrics.OP_NAMES.get(op, str(op)), "ph": "X",
+            "pid": int(a["rank"][i]), "tid": 0 if op in (0, 1, 6) else 1,
             "ts": float(a["start"][i] * 1e6), "dur": float(max(0.0, a["end"][i] - a["start"][i]) * 1e6),
-            "args": {"step": int(a["step"][i]), "microbatch": int(a["microbatch"][i]),
+            "args": {"step": int(a["step"][i]), "stage": int(a["stage"][i]),
+                     "microbatch": int(a["microbatch"][i]),
                      "bytes_sent": int(a["bytes_sent"][i]), "bytes_recv": int(a["bytes_recv"][i])}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run": str(run.path), "label": run.label()}}

@@ -48,7 +48,7 @@ def test_timeline_trace_is_valid_chrome_json(fixtures, tmp_path):
     assert len(fwd) == len(steps) * 4 * 2
     assert {e["args"]["microbatch"] for e in fwd} == {0, 1, 2, 3}
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {"stage 0", "stage 1"}
+    assert names == {"rank 0", "rank 1"}
     assert (tmp_path / "pipeline_timeline.png").stat().st_size > 10_000
 
 
@@ -69,3 +69,28 @@ def test_sweep_world_size_and_microbatches(fixtures, tmp_path):
     assert pipe["bubble_ideal"] == pytest.approx(0.2)
     for f in ("throughput_vs_world_size.png", "throughput_vs_microbatches.png"):
         assert (tmp_path / f).stat().st_size > 10_000
+
+
+def test_interleaved_run_timeline_has_one_row_per_rank_and_the_stage_in_every_event(fixtures, tmp_path):
+    # pp_train --schedule interleaved --stages-per-rank 2 --microbatches 4 on 2 ranks: stages 0, 2
+    # on rank 0 and 1, 3 on rank 1.
+    assert main(["timeline", str(fixtures / "pp_interleaved_m4"), "--out", str(tmp_path)]) == 0
+    events = json.loads((tmp_path / "pipeline_trace.json").read_text())["traceEvents"]
+    x = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in x} == {0, 1}
+    fwd = [e for e in x if e["cat"] == "forward"]
+    assert {(e["pid"], e["args"]["stage"]) for e in fwd} == {(0, 0), (0, 2), (1, 1), (1, 3)}
+    assert all(e["name"].endswith(f"@{e['args']['stage']}") for e in fwd)
+    steps = {e["args"]["step"] for e in x}
+    assert len(fwd) == len(steps) * 4 * 4  # 4 micro-batches on each of the 4 stages
+    assert (tmp_path / "pipeline_timeline.png").stat().st_size > 10_000
+
+
+def test_interleaved_run_is_named_with_its_stages_per_rank_and_its_ideal_bubble(fixtures, tmp_path):
+    assert main(["sweep", str(fixtures / "pp_interleaved_m4"), str(fixtures / "pp_1f1b_m4"),
+                 "--out", str(tmp_path)]) == 0
+    pts = {p["schedule"]: p for p in load_json(tmp_path / "sweep.json")["microbatches"]}
+    assert set(pts) == {"interleaved x2", "1f1b"}
+    # (n - 1) / (V M + n - 1) = 1 / 9 against 1F1B's 1 / 5 at the same M
+    assert pts["interleaved x2"]["bubble_ideal"] == pytest.approx(1 / 9)
+    assert pts["1f1b"]["bubble_ideal"] == pytest.approx(0.2)

@@ -75,7 +75,14 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
 
 pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
                                     int n_stages, int64_t seq_len,
-                                    const std::vector<double>& measured_costs) {
+                                    const std::vector<double>& measured_costs,
+                                    int stages_per_rank) {
+  GPT2P_CHECK(stages_per_rank >= 1 && n_stages % stages_per_rank == 0,
+              n_stages << " stages do not split into " << stages_per_rank << " per rank",
+              "pass a stage count that is ranks x --stages-per-rank");
+  const auto balance = [&](const std::vector<double>& costs) {
+    return pipeline::partition_interleaved(costs, n_stages / stages_per_rank, stages_per_rank);
+  };
   const int blocks = static_cast<int>(config.n_layer);
   if (partition == "uniform") return pipeline::partition_uniform(blocks, n_stages);
   if (partition == "measured") {
@@ -83,14 +90,14 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
                 "--partition measured: " << measured_costs.size() << " layer costs for a model of "
                                          << blocks << " blocks (expected " << blocks + 2 << ")",
                 "measure them with measured_layer_costs() for this model");
-    return pipeline::partition_balanced(measured_costs, n_stages);
+    return balance(measured_costs);
   }
   GPT2P_CHECK(partition == "balanced", "--partition " << partition << " is not a known split",
               "pass --partition uniform, balanced or measured");
   const auto costs = pipeline::layer_costs_flops(
       blocks, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
       static_cast<int>(seq_len), static_cast<int>(config.padded_vocab_size()));
-  return pipeline::partition_balanced(costs, n_stages);
+  return balance(costs);
 }
 
 std::vector<double> measured_layer_costs(comm::Communicator& comm,
@@ -158,7 +165,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   }
   const auto split =
       cfg.resume.empty()
-          ? stage_partition(cfg.partition, ctx.model_config, n_stages, cfg.seq_len, costs)
+          ? stage_partition(cfg.partition, ctx.model_config, n_stages, cfg.seq_len, costs, v)
           : checkpoint_partition(cfg.resume, n_stages);
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -89,6 +90,70 @@ Partition partition_balanced(const std::vector<double>& layer_costs, int n_stage
   }
   partition[0] = LayerRange{0, end};
   return partition;
+}
+
+Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ranks,
+                                int stages_per_rank, long max_nodes) {
+  GPT2P_CHECK(n_ranks >= 1 && stages_per_rank >= 1,
+              "partition_interleaved: " << n_ranks << " rank(s) x " << stages_per_rank
+                                        << " stage(s)",
+              "pass at least one rank and one stage per rank");
+  const int n_stages = n_ranks * stages_per_rank;
+  Partition best = partition_balanced(layer_costs, n_stages);  // also checks the arguments
+  if (stages_per_rank == 1) return best;
+  const int n_layers = static_cast<int>(layer_costs.size());
+  std::vector<double> prefix(n_layers + 1, 0.0);
+  for (int i = 0; i < n_layers; ++i) prefix[i + 1] = prefix[i] + layer_costs[i];
+  auto cost = [&](int begin, int end) { return prefix[end] - prefix[begin]; };
+  const double eps = 1e-12 * std::max(prefix[n_layers], 1e-300);
+
+  // (largest rank load, largest stage) of a split, compared with a tolerance for rounding.
+  using Key = std::pair<double, double>;
+  const auto key_of = [&](const Partition& p) {
+    std::vector<double> load(n_ranks, 0.0);
+    double stage = 0.0;
+    for (int s = 0; s < n_stages; ++s) {
+      const double c = cost(p[s].begin, p[s].end);
+      load[s % n_ranks] += c;
+      stage = std::max(stage, c);
+    }
+    return Key{*std::max_element(load.begin(), load.end()), stage};
+  };
+  const auto better = [&](const Key& a, const Key& b) {
+    return a.first < b.first - eps || (a.first <= b.first + eps && a.second < b.second - eps);
+  };
+  Key best_key = key_of(best);
+  std::vector<double> load(n_ranks, 0.0);
+  std::vector<int> cuts(n_stages + 1, 0);
+  cuts[n_stages] = n_layers;
+  long nodes = 0;
+  // Stage s starts at layer `begin`; `largest` is the largest stage before it.
+  std::function<void(int, int, double)> search = [&](int s, int begin, double largest) {
+    if (++nodes > max_nodes) return;
+    const int r = s % n_ranks;
+    if (s == n_stages - 1) {
+      const double c = cost(begin, n_layers);
+      load[r] += c;
+      const Key key{*std::max_element(load.begin(), load.end()), std::max(largest, c)};
+      load[r] -= c;
+      if (better(key, best_key)) {
+        best_key = key;
+        for (int k = 0; k < n_stages; ++k) best[k] = LayerRange{cuts[k], cuts[k + 1]};
+      }
+      return;
+    }
+    // Each later stage needs a layer; a longer stage only adds cost, so stop at the bound.
+    for (int end = begin + 1; end <= n_layers - (n_stages - s - 1); ++end) {
+      const double c = cost(begin, end);
+      if (load[r] + c > best_key.first + eps) break;
+      load[r] += c;
+      cuts[s + 1] = end;
+      search(s + 1, end, std::max(largest, c));
+      load[r] -= c;
+    }
+  };
+  search(0, 0, 0.0);
+  return best;
 }
 
 std::vector<double> layer_costs_flops(int n_layer, int n_embd, int n_head, int seq_len,

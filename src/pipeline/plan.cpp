@@ -42,24 +42,26 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   }
   // The split of each partition into s stages: uniform and balanced cut the same way for every
   // M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
+  // With v stages per rank, balanced and measured balance the ranks' loads.
   std::map<std::pair<std::string, int>, std::optional<Partition>> fixed;
-  const auto split_of = [&](const std::string& partition, int s, int m) -> std::optional<Partition> {
-    if (partition == "measured") return partition_balanced(costs[m], s);
-    auto key = std::make_pair(partition, s);
+  const auto split_of = [&](const std::string& partition, int v,
+                            int m) -> std::optional<Partition> {
+    if (partition == "measured") return partition_interleaved(costs[m], n, v);
+    auto key = std::make_pair(partition, v);
     auto it = fixed.find(key);
     if (it != fixed.end()) return it->second;
     std::optional<Partition> split;
     try {
-      split = partition == "uniform" ? partition_uniform(L, s) : partition_balanced(flops, s);
+      split = partition == "uniform" ? partition_uniform(L, n * v) : partition_interleaved(flops, n, v);
     } catch (const Error& e) {
-      plan.notes.push_back("no " + partition + " split into " + std::to_string(s) +
+      plan.notes.push_back("no " + partition + " split into " + std::to_string(n * v) +
                            " stages: " + e.what());
     }
     return fixed[key] = split;
   };
   for (const std::string partition : {"uniform", "balanced", "measured"}) {
     for (int m : spec.microbatches) {
-      const auto split = split_of(partition, n, m);
+      const auto split = split_of(partition, 1, m);
       if (!split) continue;
       // model_parallel on the same split: the whole batch as one micro-batch.
       const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], transfer(1)).step;
@@ -77,7 +79,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
           continue;
         }
         if (n < 2 || m % n != 0 || n * v > L) continue;
-        if (const auto stages = split_of(partition, n * v, m)) add(ScheduleKind::kInterleaved, v, *stages);
+        if (const auto stages = split_of(partition, v, m)) add(ScheduleKind::kInterleaved, v, *stages);
       }
     }
   }

@@ -85,7 +85,8 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
   if (partition == "measured") {
     costs = parallel::measured_layer_costs(comm, config, rows / m, kSeq, /*bf16=*/false);
   }
-  const auto split = parallel::stage_partition(partition, config, n * per_rank, kSeq, costs);
+  const auto split =
+      parallel::stage_partition(partition, config, n * per_rank, kSeq, costs, per_rank);
   PipelineRun run;
   std::vector<pipeline::Stage*> stages;
   for (int c = 0; c < per_rank; ++c) {

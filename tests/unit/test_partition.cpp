@@ -165,6 +165,59 @@ TEST(PartitionBalanced, ExactAgainstBruteForce) {
   }
 }
 
+// Interleaved (2 ranks x 2 stages, rank 1 runs stages 1 and 3). A head of 4.4 blocks alone on the
+// last stage with 4 blocks beside it on rank 1 balances the ranks at 8.4 against 8.1. A head of
+// 5.3 (the FLOP model's) needs 3 blocks beside it (8.3 against 9.1), where partition_balanced's
+// split (smallest largest stage) loads rank 1 with 5 blocks + the head (10.3 against 7.1).
+TEST(PartitionInterleaved, BalancesTheRanksThenTheStages) {
+  std::vector<double> c(14, 1.0);
+  c.front() = 0.1;
+  c.back() = 4.4;
+  EXPECT_EQ(to_string(partition_interleaved(c, 2, 2)), "0-4|5-8|9-12|13-13");
+  EXPECT_EQ(to_string(partition_interleaved(c, 2, 1)), to_string(partition_balanced(c, 2)));
+  c.back() = 5.3;
+  EXPECT_EQ(to_string(partition_interleaved(c, 2, 2)), "0-4|5-7|8-12|13-13");
+  EXPECT_EQ(to_string(partition_balanced(c, 4)), "0-2|3-7|8-12|13-13");
+}
+
+// Against every split: the same (largest rank load, largest stage), and never worse than
+// partition_balanced's split on either.
+TEST(PartitionInterleaved, ExactAgainstBruteForce) {
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int> small(0, 9);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int n_layers = 6 + trial % 7;
+    std::vector<double> c(n_layers);
+    for (double& x : c) x = small(rng);
+    for (int ranks = 2; ranks <= 3; ++ranks) {
+      for (int v = 2; v <= 3 && ranks * v <= n_layers - 2; ++v) {
+        const int n = ranks * v;
+        const auto key = [&](const Partition& p) {
+          const auto sc = stage_costs(c, p);
+          std::vector<double> load(ranks, 0.0);
+          for (int s = 0; s < n; ++s) load[s % ranks] += sc[s];
+          return std::make_pair(*std::max_element(load.begin(), load.end()),
+                                *std::max_element(sc.begin(), sc.end()));
+        };
+        std::pair<double, double> best{1e300, 1e300};
+        for_each_split(n_layers, n, [&](const Partition& p) { best = std::min(best, key(p)); });
+        const auto got = key(partition_interleaved(c, ranks, v));
+        ASSERT_EQ(got, best) << "trial " << trial << " ranks=" << ranks << " v=" << v;
+        const auto balanced = key(partition_balanced(c, n));
+        EXPECT_LE(got.first, balanced.first);
+      }
+    }
+  }
+}
+
+// A search cut short keeps the best split found, never worse than partition_balanced's.
+TEST(PartitionInterleaved, ABudgetOfOneNodeKeepsTheBalancedSplit) {
+  std::vector<double> c(14, 1.0);
+  c.front() = 0.1;
+  c.back() = 5.3;
+  EXPECT_EQ(to_string(partition_interleaved(c, 2, 2, 1)), to_string(partition_balanced(c, 4)));
+}
+
 TEST(PartitionBalanced, NeverWorseThanUniform) {
   std::mt19937 rng(99);
   std::uniform_real_distribution<double> u(0.0, 3.0);

@@ -14,11 +14,13 @@ namespace gpt2p::parallel {
 
 // The stage split of --partition for `config` over `n_stages` (uniform: HW5's ceil(blocks/stages);
 // balanced: partition_balanced of layer_costs_flops at seq_len; measured: partition_balanced of
-// `measured_costs`, which that mode needs, from measured_layer_costs). Throws the partition's error
-// when the world size does not fit the model.
+// `measured_costs`, which that mode needs, from measured_layer_costs). With stages_per_rank > 1
+// (interleaved) balanced and measured balance the ranks' loads (partition_interleaved). Throws the
+// partition's error when the stage count does not fit the model.
 pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
                                     int n_stages, int64_t seq_len,
-                                    const std::vector<double>& measured_costs = {});
+                                    const std::vector<double>& measured_costs = {},
+                                    int stages_per_rank = 1);
 
 // Layer costs for --partition measured: rank 0 times the layers (pipeline/layer_profile.h) for a
 // micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank cuts

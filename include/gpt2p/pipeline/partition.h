@@ -36,6 +36,17 @@ Partition partition_uniform(int n_blocks, int n_stages);
 // layer_costs.size() == L + 2 >= 3 with 1 <= n_stages <= L, every cost finite and >= 0.
 Partition partition_balanced(const std::vector<double>& layer_costs, int n_stages);
 
+// The split for R = n_ranks ranks holding V = stages_per_rank stages each (rank r runs stages r,
+// r + R, ...; schedule.h's interleaved schedule): contiguous, non-empty stages that minimise the
+// largest per-rank sum of stage costs (what bounds the steady state), then the largest stage (what
+// the fill and drain wait for). A depth-first search over the cuts, pruned by the best split so
+// far and started from partition_balanced's, which it returns unless it finds a better one; it
+// gives up after `max_nodes` visited cuts (ample for GPT-2 sizes) and keeps the best found, so
+// every rank computes the same split. V = 1 is partition_balanced. Same requirements on the costs
+// and R V as partition_balanced.
+Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ranks,
+                                int stages_per_rank, long max_nodes = 2000000);
+
 // FLOPs of forward + backward (3 x forward) per layer for one sequence of seq_len tokens:
 //   embedding 0 (a gather: memory-bound, no multiply-adds),
 //   block     3 * (24 T C^2 + 4 T^2 C)   (QKV/proj/MLP matmuls + attention scores and values),
