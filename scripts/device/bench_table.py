@@ -48,7 +48,7 @@ def our_run(run_dir):
     return dict(world=len(ranks), precision=cfg.get("precision"), seq=cfg.get("seq_len"),
                 batch=cfg.get("batch_size"), sync=cfg.get("grad_sync"),
                 mode=cfg.get("mode"), schedule=cfg.get("schedule"), m=cfg.get("microbatches"),
-                partition=cfg.get("partition"),
+                partition=cfg.get("partition"), stages_per_rank=cfg.get("stages_per_rank", 1),
                 hw5_epoch_time=float(np.mean(epoch_time)), hw5_tok_s=float(np.mean(epoch_tok)),
                 median_step_s=med_step, step_tok_s=step_tokens / med_step,
                 peak_gib=[p / 2**30 for p in peaks])

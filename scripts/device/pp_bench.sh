@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # pp_train's device benchmark (issue 5) beside pp_anchor.py, on 2 GPUs. Settings:
-#   fp32   batch 64, sequence 128            model_parallel; 1F1B M 2 4 8 16; GPipe M 4 8
+#   fp32   batch 64, sequence 128            model_parallel; 1F1B M 2 4 8 16; GPipe M 4 8;
+#                                            interleaved (2 stages per rank) M 2 4 8
 #   bf16   batch 32, sequence 1024 autocast  the same
-#   hw5    batch 96, sequence 128, fp32      HW5's comparison: model_parallel; 1F1B M 2 4 8; GPipe M 2
+#   hw5    batch 96, sequence 128, fp32      HW5's comparison: model_parallel; 1F1B M 2 4 8; GPipe M 2;
+#                                            interleaved M 2 4 8
 #   uniform partition (fp32): model_parallel and 1F1B M 8  (everything else: $PP_PARTITION,
 #   default balanced; measured = balanced by the layer times pp_train measures first)
 #   PP_SETTINGS="fp32 bf16" picks the first two settings (hw5 runs unless PP_HW5=0); PP_EXTRA holds
@@ -34,10 +36,16 @@ for setting in ${PP_SETTINGS-fp32 bf16}; do
   run ${setting}_mp "${flags[@]}" --mode model_parallel
   for m in ${PP_MS_1F1B:-2 4 8 16}; do run ${setting}_1f1b_m$m "${flags[@]}" --schedule 1f1b --microbatches $m; done
   for m in ${PP_MS_GPIPE:-4 8}; do run ${setting}_gpipe_m$m "${flags[@]}" --schedule gpipe --microbatches $m; done
+  for m in ${PP_MS_INTERLEAVED:-2 4 8}; do
+    run ${setting}_interleaved_m$m "${flags[@]}" --schedule interleaved --stages-per-rank 2 --microbatches $m
+  done
 done
 if [ "${PP_HW5:-1}" = 1 ]; then
   run hw5_mp "${hw5[@]}" --mode model_parallel
   for m in ${PP_HW5_MS:-2 4 8}; do run hw5_1f1b_m$m "${hw5[@]}" --schedule 1f1b --microbatches $m; done
+  for m in ${PP_HW5_MS_INTERLEAVED:-2 4 8}; do
+    run hw5_interleaved_m$m "${hw5[@]}" --schedule interleaved --stages-per-rank 2 --microbatches $m
+  done
   [ "${PP_HW5_GPIPE:-1}" = 1 ] && run hw5_gpipe_m2 "${hw5[@]}" --schedule gpipe --microbatches 2
 fi
 if [ "${PP_UNIFORM:-1}" = 1 ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A minute-long check that every pp_train mode runs on 2 GPUs before the benchmark spends time:
-# model_parallel, GPipe M=4 and 1F1B M=4 for 6 steps (and 1F1B with the per-parameter AdamW, to
-# compare with the fused one). Prints one line per run: its status and its last logged loss.
+# model_parallel, GPipe M=4, 1F1B M=4 and interleaved 1F1B (2 stages per rank) M=4 for 6 steps
+# (and 1F1B with the per-parameter AdamW, to compare with the fused one). Prints one line per run: its status and its last logged loss.
 # usage: pp_smoke.sh BUILD_DIR OUT_DIR
 set -uo pipefail
 bin=$1; out=$2
@@ -23,3 +23,4 @@ smoke mp GPT2P_FUSED_ADAMW=1 --mode model_parallel
 smoke gpipe_m4 GPT2P_FUSED_ADAMW=1 --schedule gpipe --microbatches 4
 smoke 1f1b_m4 GPT2P_FUSED_ADAMW=1 --schedule 1f1b --microbatches 4
 smoke 1f1b_m4_unfused GPT2P_FUSED_ADAMW=0 --schedule 1f1b --microbatches 4
+smoke interleaved_m4 GPT2P_FUSED_ADAMW=1 --schedule interleaved --stages-per-rank 2 --microbatches 4

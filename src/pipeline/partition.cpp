@@ -107,34 +107,47 @@ Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ra
   auto cost = [&](int begin, int end) { return prefix[end] - prefix[begin]; };
   const double eps = 1e-12 * std::max(prefix[n_layers], 1e-300);
 
-  // (largest rank load, largest stage) of a split, compared with a tolerance for rounding.
-  using Key = std::pair<double, double>;
+  // (largest rank load, largest stage, sum of squared stage costs: the evener the stages, the
+  // less each waits for its neighbour) of a split, compared with a tolerance for rounding.
+  struct Key {
+    double load, stage, squares;
+  };
   const auto key_of = [&](const Partition& p) {
     std::vector<double> load(n_ranks, 0.0);
-    double stage = 0.0;
+    Key k{0.0, 0.0, 0.0};
     for (int s = 0; s < n_stages; ++s) {
       const double c = cost(p[s].begin, p[s].end);
       load[s % n_ranks] += c;
-      stage = std::max(stage, c);
+      k.stage = std::max(k.stage, c);
+      k.squares += c * c;
     }
-    return Key{*std::max_element(load.begin(), load.end()), stage};
+    k.load = *std::max_element(load.begin(), load.end());
+    return k;
   };
+  const double eps2 = eps * std::max(prefix[n_layers], 1e-300);
   const auto better = [&](const Key& a, const Key& b) {
-    return a.first < b.first - eps || (a.first <= b.first + eps && a.second < b.second - eps);
+    if (a.load < b.load - eps) return true;
+    if (a.load > b.load + eps) return false;
+    if (a.stage < b.stage - eps) return true;
+    if (a.stage > b.stage + eps) return false;
+    return a.squares < b.squares - eps2;
   };
   Key best_key = key_of(best);
   std::vector<double> load(n_ranks, 0.0);
   std::vector<int> cuts(n_stages + 1, 0);
   cuts[n_stages] = n_layers;
   long nodes = 0;
-  // Stage s starts at layer `begin`; `largest` is the largest stage before it.
-  std::function<void(int, int, double)> search = [&](int s, int begin, double largest) {
+  // Stage s starts at layer `begin`; `largest` is the largest stage before it, `squares` the sum
+  // of the squared stage costs before it.
+  std::function<void(int, int, double, double)> search = [&](int s, int begin, double largest,
+                                                               double squares) {
     if (++nodes > max_nodes) return;
     const int r = s % n_ranks;
     if (s == n_stages - 1) {
       const double c = cost(begin, n_layers);
       load[r] += c;
-      const Key key{*std::max_element(load.begin(), load.end()), std::max(largest, c)};
+      const Key key{*std::max_element(load.begin(), load.end()), std::max(largest, c),
+                    squares + c * c};
       load[r] -= c;
       if (better(key, best_key)) {
         best_key = key;
@@ -145,14 +158,14 @@ Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ra
     // Each later stage needs a layer; a longer stage only adds cost, so stop at the bound.
     for (int end = begin + 1; end <= n_layers - (n_stages - s - 1); ++end) {
       const double c = cost(begin, end);
-      if (load[r] + c > best_key.first + eps) break;
+      if (load[r] + c > best_key.load + eps) break;
       load[r] += c;
       cuts[s + 1] = end;
-      search(s + 1, end, std::max(largest, c));
+      search(s + 1, end, std::max(largest, c), squares + c * c);
       load[r] -= c;
     }
   };
-  search(0, 0, 0.0);
+  search(0, 0, 0.0, 0.0);
   return best;
 }
 

@@ -39,7 +39,8 @@ Partition partition_balanced(const std::vector<double>& layer_costs, int n_stage
 // The split for R = n_ranks ranks holding V = stages_per_rank stages each (rank r runs stages r,
 // r + R, ...; schedule.h's interleaved schedule): contiguous, non-empty stages that minimise the
 // largest per-rank sum of stage costs (what bounds the steady state), then the largest stage (what
-// the fill and drain wait for). A depth-first search over the cuts, pruned by the best split so
+// the fill and drain wait for), then the sum of squared stage costs (evener stages wait less for
+// their neighbours). A depth-first search over the cuts, pruned by the best split so
 // far and started from partition_balanced's, which it returns unless it finds a better one; it
 // gives up after `max_nodes` visited cuts (ample for GPT-2 sizes) and keeps the best found, so
 // every rank computes the same split. V = 1 is partition_balanced. Same requirements on the costs
