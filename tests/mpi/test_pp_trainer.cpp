@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/pp_trainer.h"
 #include "support/h5_read.h"
@@ -92,6 +93,41 @@ TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
   ASSERT_EQ(train_pipeline(resumed, topo), 0);
   ASSERT_EQ(train_pipeline(interleaved("c", 3), topo), 0);
   expect_resume_continues_the_run(1e-5);
+}
+
+// Every rank refuses the same bad interleaved setups with the same message (no rank is left
+// waiting): M not a multiple of the ranks, and a checkpoint written with another stage count.
+TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignCheckpoint) {
+  const int n = comm->size();
+  auto c = TrainerTest::config("bad", 1, /*blocks=*/8);
+  c.schedule = "interleaved";
+  c.stages_per_rank = 2;
+  c.microbatches = n == 2 ? 3 : 2;  // divides the batch of 12, not a multiple of the ranks
+  try {
+    train_pipeline(c, topo);
+    ADD_FAILURE() << "M = " << c.microbatches << " on " << n << " ranks should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a multiple of the " + std::to_string(n) + " ranks"),
+              std::string::npos)
+        << e.what();
+  }
+  // A one-stage-per-rank checkpoint has n stages, not the 2n an interleaved resume needs.
+  auto plain = config("plain", 1, "balanced");
+  plain.save_every = 1;
+  ASSERT_EQ(train_pipeline(plain, topo), 0);
+  auto resumed = TrainerTest::config("resumed", 2, /*blocks=*/8);
+  resumed.schedule = "interleaved";
+  resumed.stages_per_rank = 2;
+  resumed.microbatches = n;
+  resumed.resume = dir + "/plain/checkpoint";
+  try {
+    train_pipeline(resumed, topo);
+    ADD_FAILURE() << "resuming " << n << " stages as " << 2 * n << " should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no checkpoint for stage " + std::to_string(n)),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -89,6 +89,27 @@ TEST(TrainOptions, PipelineFlagsOnlyOnPpTrain) {
   EXPECT_EQ(mp.microbatches, 1);
 }
 
+TEST(TrainOptions, StagesPerRankGoWithTheInterleavedSchedule) {
+  EXPECT_EQ(parse({}, Program::kPipeline).stages_per_rank, 1);
+  EXPECT_EQ(parse({"--schedule", "interleaved"}, Program::kPipeline).stages_per_rank, 2);
+  EXPECT_EQ(parse({"--schedule", "interleaved", "--stages-per-rank", "3"}, Program::kPipeline)
+                .stages_per_rank,
+            3);
+  EXPECT_NE(usage_error({"--stages-per-rank", "2"}, Program::kPipeline)
+                .find("--stages-per-rank 2 does not fit --schedule 1f1b"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--schedule", "interleaved", "--stages-per-rank", "1"}, Program::kPipeline)
+                .find("2 or more with interleaved"),
+            std::string::npos);
+  // model_parallel runs one micro-batch on one stage per rank whatever the schedule says.
+  const auto mp = parse({"--mode", "model_parallel", "--schedule", "interleaved"}, Program::kPipeline);
+  EXPECT_EQ(mp.stages_per_rank, 1);
+  EXPECT_EQ(mp.schedule, "1f1b");
+  EXPECT_EQ(gpt2p::cli::to_json(parse({"--schedule", "interleaved"}, Program::kPipeline))
+                ["stages_per_rank"],
+            2);
+}
+
 TEST(TrainOptions, ConfigRoundTripsToJson) {
   auto c = parse({"--seed", "7"});
   auto j = gpt2p::cli::to_json(c);
