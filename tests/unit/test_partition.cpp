@@ -135,13 +135,19 @@ TEST(PartitionBalanced, TiesMakeEarlierStagesLighter) {
   EXPECT_EQ(to_string(partition_balanced(std::vector<double>(14, 1.0), 4)), "0-1|2-5|6-9|10-13");
 }
 
+// n_layers integer costs in [0, 9]: exact sums, so ties are real ties.
+std::vector<double> random_costs(std::mt19937& rng, int n_layers) {
+  std::uniform_int_distribution<int> small(0, 9);
+  std::vector<double> c(n_layers);
+  for (double& x : c) x = small(rng);
+  return c;
+}
+
 TEST(PartitionBalanced, ExactAgainstBruteForce) {
   std::mt19937 rng(1234);
-  std::uniform_int_distribution<int> small(0, 9);
   for (int trial = 0; trial < 200; ++trial) {
     const int n_layers = 3 + trial % 8;
-    std::vector<double> c(n_layers);
-    for (double& x : c) x = small(rng);
+    const std::vector<double> c = random_costs(rng, n_layers);
     for (int n = 1; n <= n_layers - 2; ++n) {
       const Partition got = partition_balanced(c, n);
       const double got_max = max_stage_cost(c, got);
@@ -185,11 +191,9 @@ TEST(PartitionInterleaved, BalancesTheRanksThenTheStages) {
 // and a largest rank load never above partition_balanced's split's.
 TEST(PartitionInterleaved, ExactAgainstBruteForce) {
   std::mt19937 rng(4321);
-  std::uniform_int_distribution<int> small(0, 9);
   for (int trial = 0; trial < 100; ++trial) {
     const int n_layers = 6 + trial % 7;
-    std::vector<double> c(n_layers);
-    for (double& x : c) x = small(rng);
+    const std::vector<double> c = random_costs(rng, n_layers);
     for (int ranks = 2; ranks <= 3; ++ranks) {
       for (int v = 2; v <= 3 && ranks * v <= n_layers - 2; ++v) {
         const int n = ranks * v;
