@@ -3,6 +3,7 @@ sweeps (throughput vs world size, vs micro-batches M with the ideal M/(M+n-1) cu
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -194,6 +195,10 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
         peak = max(p["tok_mean"] / (p["microbatches"] / (p["microbatches"] + n - 1)) for p in pipe)
         how = "fitted"
     ax.plot(grid, peak * grid / (grid + n - 1), "k:", label=f"ideal M/(M+n-1), n={n} ({how} peak)")
+    # Interleaved schedules ("interleaved xV"): V stages per rank shrink the bubble V-fold.
+    for v in sorted({int(m.group(1)) for m in (re.search(r" x(\d+)$", sc) for sc in scheds) if m}):
+        ax.plot(grid, peak * v * grid / (v * grid + n - 1), color="gray", ls=(0, (1, 3)),
+                label=f"ideal VM/(VM+n-1), V={v}")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("micro-batches per step M (n_chunk)")
     ax.set_ylabel("tokens per second")
