@@ -132,6 +132,20 @@ int run(const Flags& f) {
                 static_cast<long long>(f.spec.batch_size / r.microbatches),
                 1e3 * r.step_s, r.speedup, r.ideal, 100.0 * r.idle);
   }
+  // The fastest pipeline plan (the model_parallel rows are the baseline).
+  const pl::PlanRow* best = nullptr;
+  for (const auto& r : plan.rows) {
+    if (r.schedule != "model_parallel" && (best == nullptr || r.step_s < best->step_s)) best = &r;
+  }
+  if (best != nullptr) {
+    std::printf("# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
+                "%.2fx model_parallel\n",
+                best->partition.c_str(), best->schedule.c_str(),
+                best->stages_per_rank > 1
+                    ? (" --stages-per-rank " + std::to_string(best->stages_per_rank)).c_str()
+                    : "",
+                best->microbatches, 1e3 * best->step_s, best->speedup);
+  }
   if (!f.json_out.empty()) {
     nlohmann::json doc = pl::to_json(plan, static_cast<int>(config.n_layer));
     doc.update({{"program", "pp_plan"}, {"model", gpt2p::model::describe(config)},

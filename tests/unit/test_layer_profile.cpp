@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "gpt2p/core/error.h"
@@ -173,6 +174,10 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
     const int m = p["microbatches"];
     EXPECT_DOUBLE_EQ(p["ideal_speedup"].get<double>(), 2.0 * m / (m + 1));
   }
+  // The table ends with the fastest plan as pp_train flags.
+  std::ifstream out(dir / "out.txt");
+  const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("# fastest: pp_train --partition "), std::string::npos) << text;
 }
 
 TEST(PpPlan, AMicroBatchCountThatDoesNotDivideTheBatchIsAUsageError) {
