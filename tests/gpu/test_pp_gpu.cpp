@@ -1,0 +1,127 @@
+// The pipeline on 2 GPUs over NCCL, as pp_train runs it: one communicator per channel (activations,
+// gradients, and the two wrap channels of the interleaved schedule). For GPipe, 1F1B and the
+// interleaved schedule (2 stages per rank), the loss and every parameter's gradient equal the whole
+// model's on the same batch, computed on the same GPU. tests/mpi/test_pp.cpp checks the same on
+// CPU ranks over MPI, whose calls never block; this one runs the ordered NCCL streams.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpt2p/comm/communicator.h"
+#include "gpt2p/core/compat.h"
+#include "gpt2p/parallel/pp_trainer.h"
+#include "gpt2p/parallel/run_context.h"
+#include "gpt2p/pipeline/executor.h"
+
+namespace gpt2p {
+namespace {
+
+constexpr int64_t kRows = 8, kSeq = 16;
+constexpr uint64_t kSeed = 99;
+
+// 8 blocks (2 ranks x 2 stages fit with room), no dropout, a small vocabulary.
+model::GPT2Config small_config() {
+  auto c = model::preset("tiny");
+  c.n_layer = 8;
+  c.dropout = 0.0;
+  c.vocab_size = 500;
+  return c;
+}
+
+class PipelineGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    comm::CommOptions options;
+    options.backend = comm::Backend::kNccl;
+    for (auto& c : comms) c = comm::make_communicator(options);
+    if (comms[0]->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    device = comms[0]->device();
+    compat::set_strict_fp32(true);  // no TF32: the comparison is against fp32 sums
+  }
+
+  // The same batch on every rank, on this rank's GPU.
+  pipeline::StageBatch batch(int64_t vocab) const {
+    auto gen = compat::make_cpu_generator(kSeed);
+    pipeline::StageBatch b;
+    b.inputs = torch::randint(vocab, {kRows, kSeq}, gen, torch::kInt64).to(device);
+    b.labels = torch::randint(vocab, {kRows, kSeq}, gen, torch::kInt64).to(device);
+    b.mask = (torch::rand({kRows, kSeq}, gen) > 0.3).to(torch::kFloat32).to(device);
+    b.global_target_tokens = static_cast<int64_t>(b.mask.sum().item<double>());
+    return b;
+  }
+
+  std::unique_ptr<comm::Communicator> comms[pipeline::kNumChannels];
+  torch::Device device{torch::kCPU};
+};
+
+TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
+  const auto config = small_config();
+  const auto b = batch(config.vocab_size);
+  model::GPT2 full(config);
+  full->reset_parameters(kSeed);
+  full->to(device);
+  auto ref_loss = parallel::scaled_loss(full->forward(b.inputs), b.labels, b.mask,
+                                        config.vocab_size, b.global_target_tokens, 1);
+  ref_loss.backward();
+  const double want_loss = ref_loss.item<double>();
+  std::map<std::string, torch::Tensor> ref;
+  for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad().cpu();
+
+  const int n = comms[0]->size(), rank = comms[0]->rank();
+  pipeline::CommTransport transport(*comms[0], *comms[1], comms[2].get(), comms[3].get());
+  struct Case {
+    pipeline::ScheduleKind kind;
+    int per_rank, m;
+  };
+  const Case cases[] = {{pipeline::ScheduleKind::kGPipe, 1, 4},
+                        {pipeline::ScheduleKind::kOneFOneB, 1, 4},
+                        {pipeline::ScheduleKind::kInterleaved, 2, 2 * n},
+                        {pipeline::ScheduleKind::kInterleaved, 2, 4 * n}};
+  for (const auto& c : cases) {
+    if (kRows % c.m != 0) continue;
+    SCOPED_TRACE(pipeline::to_string(c.kind) + " x" + std::to_string(c.per_rank) +
+                 " M=" + std::to_string(c.m));
+    const auto split = parallel::stage_partition("balanced", config, n * c.per_rank, kSeq, {},
+                                                 c.per_rank);
+    std::vector<model::GPT2> models;
+    std::vector<std::unique_ptr<pipeline::GptStage>> stages;
+    std::vector<pipeline::Stage*> ptrs;
+    for (int k = 0; k < c.per_rank; ++k) {
+      const auto r = split[static_cast<size_t>(rank + k * n)];
+      models.emplace_back(config, model::LayerRange{r.begin, r.end});
+      models.back()->reset_parameters(kSeed);
+      models.back()->to(device);
+      stages.push_back(std::make_unique<pipeline::GptStage>(models.back(), c.m, false));
+      stages.back()->set_batch(b);
+      ptrs.push_back(stages.back().get());
+    }
+    pipeline::Executor executor(
+        ptrs, transport, pipeline::make_schedule(c.kind, c.m, n, c.per_rank)[static_cast<size_t>(rank)],
+        rank, n, device);
+    executor.run_step(0, 0.0);
+    pipeline::sync_tied_gradient(models, *comms[0]);
+    double sum = 0;
+    for (auto& s : stages) sum += s->take_loss();
+    auto loss = torch::tensor({sum}, torch::kFloat64).to(device);
+    comms[0]->broadcast(loss, n - 1);
+    EXPECT_NEAR(loss.item<double>(), want_loss, 1e-5 * want_loss);
+    for (const auto& model : models) {
+      for (const auto& p : model->named_parameters()) {
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        const auto got = p.value().grad().cpu();
+        const auto& want = ref.at(p.key());
+        const double scale = std::max(want.abs().max().item<double>(), 1e-8);
+        EXPECT_LT((got - want).abs().max().item<double>() / scale, 1e-4) << p.key();
+      }
+    }
+    comms[0]->barrier();
+  }
+}
+
+}  // namespace
+}  // namespace gpt2p
