@@ -163,10 +163,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                                  bf16);
     compat::reset_peak_memory(ctx.device);
   }
-  const auto split =
-      cfg.resume.empty()
-          ? stage_partition(cfg.partition, ctx.model_config, n_stages, cfg.seq_len, costs, v)
-          : checkpoint_partition(cfg.resume, n_stages);
+  const auto split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
+                                                          cfg.seq_len, costs, v)
+                                        : checkpoint_partition(cfg.resume, n_stages);
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
   const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
@@ -198,7 +197,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   model::TrainState state;
   if (!cfg.resume.empty()) {
     for (int c = 0; c < v; ++c) {
-      const std::string dir = cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
+      const std::string dir =
+          cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
       auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
                                        optimizers[static_cast<size_t>(c)].get());
       if (c == 0) state = st;

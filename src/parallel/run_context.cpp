@@ -14,8 +14,8 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   cli::resolve_train_config(cfg, program, compat::cuda_available());
   auto tokenizer = data::BpeTokenizer::from_dir(cfg.vocab_dir);
   const auto special = data::register_special_tokens(tokenizer);
-  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
-                 nullptr,        std::move(tokenizer), special, {}};
+  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr,
+                 nullptr,        nullptr, std::move(tokenizer),       special, {}};
   comm::CommOptions copts;
   copts.timeout = std::chrono::milliseconds(static_cast<int64_t>(ctx.cfg.comm_timeout_s * 1000));
   if (ctx.cfg.device == "cuda") {

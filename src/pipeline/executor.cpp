@@ -39,9 +39,8 @@ Executor::Executor(std::vector<Stage*> stages, Transport& transport, RankActions
     GPT2P_CHECK(rank_of_stage(a.stage, n_ranks_) == rank_ &&
                     a.stage / n_ranks_ < static_cast<int>(stages_.size()),
                 "action " << to_string(a) << " is for stage " << a.stage
-                          << " but the executor of rank " << rank_ << " runs "
-                          << stages_.size() << " stage(s) from stage " << rank_ << " in steps of "
-                          << n_ranks_,
+                          << " but the executor of rank " << rank_ << " runs " << stages_.size()
+                          << " stage(s) from stage " << rank_ << " in steps of " << n_ranks_,
                 "pass make_schedule(...)[rank] to the executor of that rank");
   }
 }

@@ -94,10 +94,10 @@ Partition partition_balanced(const std::vector<double>& layer_costs, int n_stage
 
 Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ranks,
                                 int stages_per_rank, long max_nodes) {
-  GPT2P_CHECK(n_ranks >= 1 && stages_per_rank >= 1,
-              "partition_interleaved: " << n_ranks << " rank(s) x " << stages_per_rank
-                                        << " stage(s)",
-              "pass at least one rank and one stage per rank");
+  GPT2P_CHECK(
+      n_ranks >= 1 && stages_per_rank >= 1,
+      "partition_interleaved: " << n_ranks << " rank(s) x " << stages_per_rank << " stage(s)",
+      "pass at least one rank and one stage per rank");
   const int n_stages = n_ranks * stages_per_rank;
   Partition best = partition_balanced(layer_costs, n_stages);  // also checks the arguments
   if (stages_per_rank == 1) return best;
@@ -140,7 +140,7 @@ Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ra
   // Stage s starts at layer `begin`; `largest` is the largest stage before it, `squares` the sum
   // of the squared stage costs before it.
   std::function<void(int, int, double, double)> search = [&](int s, int begin, double largest,
-                                                               double squares) {
+                                                             double squares) {
     if (++nodes > max_nodes) return;
     const int r = s % n_ranks;
     if (s == n_stages - 1) {

@@ -52,7 +52,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     if (it != fixed.end()) return it->second;
     std::optional<Partition> split;
     try {
-      split = partition == "uniform" ? partition_uniform(L, n * v) : partition_interleaved(flops, n, v);
+      split =
+          partition == "uniform" ? partition_uniform(L, n * v) : partition_interleaved(flops, n, v);
     } catch (const Error& e) {
       plan.notes.push_back("no " + partition + " split into " + std::to_string(n * v) +
                            " stages: " + e.what());
@@ -69,8 +70,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
         const StepPrediction p = predict_step(kind, m, stages, costs[m], transfer(m), 1.0 / 3.0, v);
         const double mv = static_cast<double>(m) * v;
         plan.rows.push_back({partition, to_string(stages),
-                             m == 1 ? "model_parallel" : to_string(kind), v, m, p.step,
-                             mp / p.step, n * mv / (mv + n - 1), p.bubble, p.stage_busy});
+                             m == 1 ? "model_parallel" : to_string(kind), v, m, p.step, mp / p.step,
+                             n * mv / (mv + n - 1), p.bubble, p.stage_busy});
       };
       for (int v : spec.stages_per_rank) {
         if (v == 1) {
@@ -79,7 +80,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
           continue;
         }
         if (n < 2 || m % n != 0 || n * v > L) continue;
-        if (const auto stages = split_of(partition, v, m)) add(ScheduleKind::kInterleaved, v, *stages);
+        if (const auto stages = split_of(partition, v, m))
+          add(ScheduleKind::kInterleaved, v, *stages);
       }
     }
   }

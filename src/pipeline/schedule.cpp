@@ -181,10 +181,10 @@ Schedule interleaved_schedule(int n_microbatches, int n_ranks, int stages_per_ra
               "interleave stages over at least 2 ranks (on one rank, run its layers as one stage)");
   GPT2P_CHECK(V >= 2, "interleaved_schedule: " << V << " stage(s) per rank",
               "interleave at least 2 stages per rank (1 is the plain 1F1B schedule)");
-  GPT2P_CHECK(m % R == 0,
-              "interleaved_schedule: " << m << " micro-batches are not a multiple of the " << R
-                                       << " ranks",
-              "use a number of micro-batches divisible by the number of ranks");
+  GPT2P_CHECK(
+      m % R == 0,
+      "interleaved_schedule: " << m << " micro-batches are not a multiple of the " << R << " ranks",
+      "use a number of micro-batches divisible by the number of ranks");
   const int total = m * V;
   // The k-th forward (backward) of every rank: (stage, micro-batch).
   const auto pick = [&](int k, bool forward, int r) {
@@ -222,10 +222,10 @@ Schedule add_communication(const Schedule& compute, int n_stages) {
                   "add_communication: rank " << r << " already holds '" << to_string(a) << "'",
                   "pass a compute-only schedule (F and B actions), e.g. from gpipe_schedule");
       const int s = a.stage;
-      GPT2P_CHECK(s >= 0 && s < n_stages && rank_of_stage(s, R) == r,
-                  "add_communication: rank " << r << " holds '" << to_string(a) << "' of stage "
-                                             << s,
-                  "put the actions of stage s in list number s % <ranks>");
+      GPT2P_CHECK(
+          s >= 0 && s < n_stages && rank_of_stage(s, R) == r,
+          "add_communication: rank " << r << " holds '" << to_string(a) << "' of stage " << s,
+          "put the actions of stage s in list number s % <ranks>");
       const int mb = a.microbatch;
       if (a.op == Op::kForward) {
         if (s > 0) out[r].push_back({Op::kRecvActivation, s, mb, s - 1});

@@ -255,8 +255,7 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
     const Action& a = schedule[r][pc[r]];
     if (stuck.tellp() > 0) stuck << "\n";
     stuck << "rank " << r << " waits forever at action #" << pc[r] << " '" << to_string(a)
-          << "': no matching send was issued; "
-          << describe_position(schedule, pc, peer_rank(a, n));
+          << "': no matching send was issued; " << describe_position(schedule, pc, peer_rank(a, n));
   }
   result.deadlock_reason = stuck.str();
   result.ok = result.deadlock_reason.empty();
@@ -298,9 +297,10 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
       const int s = a.stage;
       if (s < 0 || s >= n || rank_of_stage(s, R) != r) {
         report(k, a,
-               "names stage " + std::to_string(s) + " on rank " + std::to_string(r) + " (rank r runs " +
-                   (R == n ? std::string("stage r)") : "the stages s with s % " +
-                                                           std::to_string(R) + " == r)"));
+               "names stage " + std::to_string(s) + " on rank " + std::to_string(r) +
+                   " (rank r runs " +
+                   (R == n ? std::string("stage r)")
+                           : "the stages s with s % " + std::to_string(R) + " == r)"));
         continue;
       }
       if (mb < 0 || mb >= m) {

@@ -77,8 +77,8 @@ void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicat
   for (const auto& m : stages) {
     if (!m->has_embedding() && !m->has_head()) continue;
     GPT2P_CHECK(holder == nullptr && !m->is_full(),
-                "rank " << comm.rank() << " holds both ends of the model but the pipeline has "
-                        << n << " ranks",
+                "rank " << comm.rank() << " holds both ends of the model but the pipeline has " << n
+                        << " ranks",
                 "put the first and the last stage on different ranks");
     holder = m.get();
   }

@@ -86,8 +86,8 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
     if (kRows % c.m != 0) continue;
     SCOPED_TRACE(pipeline::to_string(c.kind) + " x" + std::to_string(c.per_rank) +
                  " M=" + std::to_string(c.m));
-    const auto split = parallel::stage_partition("balanced", config, n * c.per_rank, kSeq, {},
-                                                 c.per_rank);
+    const auto split =
+        parallel::stage_partition("balanced", config, n * c.per_rank, kSeq, {}, c.per_rank);
     std::vector<model::GPT2> models;
     std::vector<std::unique_ptr<pipeline::GptStage>> stages;
     std::vector<pipeline::Stage*> ptrs;
@@ -101,8 +101,9 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
       ptrs.push_back(stages.back().get());
     }
     pipeline::Executor executor(
-        ptrs, transport, pipeline::make_schedule(c.kind, c.m, n, c.per_rank)[static_cast<size_t>(rank)],
-        rank, n, device);
+        ptrs, transport,
+        pipeline::make_schedule(c.kind, c.m, n, c.per_rank)[static_cast<size_t>(rank)], rank, n,
+        device);
     executor.run_step(0, 0.0);
     pipeline::sync_tied_gradient(models, *comms[0]);
     double sum = 0;

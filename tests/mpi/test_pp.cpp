@@ -100,8 +100,8 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
   run.transport = std::make_unique<pipeline::CommTransport>(comm, grad_comm(), &comm, &grad_comm());
   run.executor = std::make_unique<pipeline::Executor>(
       stages, *run.transport,
-      pipeline::make_schedule(kind, m, n, per_rank)[static_cast<size_t>(comm.rank())],
-      comm.rank(), n, torch::kCPU);
+      pipeline::make_schedule(kind, m, n, per_rank)[static_cast<size_t>(comm.rank())], comm.rank(),
+      n, torch::kCPU);
   return run;
 }
 

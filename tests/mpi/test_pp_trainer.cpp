@@ -107,8 +107,9 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
     train_pipeline(c, topo);
     ADD_FAILURE() << "M = " << c.microbatches << " on " << n << " ranks should fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not a multiple of the " + std::to_string(n) + " ranks"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("is not a multiple of the " + std::to_string(n) + " ranks"),
+        std::string::npos)
         << e.what();
   }
   // A one-stage-per-rank checkpoint has n stages, not the 2n an interleaved resume needs.

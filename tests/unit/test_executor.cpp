@@ -220,9 +220,11 @@ std::string run_error(const std::string& actions, int rank, int n) {
 }
 
 TEST(Executor, BrokenActionListsFailClearly) {
-  EXPECT_NE(run_error("1F0", 0, 2).find(
-                "action 1F0 is for stage 1 but the executor of rank 0 runs 1 stage(s) from stage 0"),
-            std::string::npos);
+  EXPECT_NE(
+      run_error("1F0", 0, 2)
+          .find(
+              "action 1F0 is for stage 1 but the executor of rank 0 runs 1 stage(s) from stage 0"),
+      std::string::npos);
   EXPECT_NE(run_error("2F0", 0, 2).find("action 2F0 is for stage 2"), std::string::npos);
   EXPECT_NE(run_error("0B0", 0, 2).find("micro-batch 0 has no forward pending"), std::string::npos);
   EXPECT_NE(run_error("1F0 1B0", 1, 2).find("no receive for it was posted"), std::string::npos);

@@ -102,11 +102,12 @@ TEST(TrainOptions, StagesPerRankGoWithTheInterleavedSchedule) {
                 .find("2 or more with interleaved"),
             std::string::npos);
   // model_parallel runs one micro-batch on one stage per rank whatever the schedule says.
-  const auto mp = parse({"--mode", "model_parallel", "--schedule", "interleaved"}, Program::kPipeline);
+  const auto mp =
+      parse({"--mode", "model_parallel", "--schedule", "interleaved"}, Program::kPipeline);
   EXPECT_EQ(mp.stages_per_rank, 1);
   EXPECT_EQ(mp.schedule, "1f1b");
-  EXPECT_EQ(gpt2p::cli::to_json(parse({"--schedule", "interleaved"}, Program::kPipeline))
-                ["stages_per_rank"],
+  EXPECT_EQ(gpt2p::cli::to_json(
+                parse({"--schedule", "interleaved"}, Program::kPipeline))["stages_per_rank"],
             2);
 }
 

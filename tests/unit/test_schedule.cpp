@@ -211,7 +211,8 @@ TEST(Interleaved, TwoRanksTwoStagesEachFourMicroBatches) {
 }
 
 TEST(Interleaved, AsManyMicroBatchesAsRanksRunsAllForwardsFirst) {
-  const Schedule expected = ranks({"0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1", "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1"});
+  const Schedule expected =
+      ranks({"0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1", "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1"});
   EXPECT_EQ(to_string(interleaved_schedule(2, 2, 2)), to_string(expected));
 }
 
@@ -228,8 +229,9 @@ TEST(Interleaved, CommunicationNamesPeerStagesOnOtherRanks) {
 }
 
 TEST(Interleaved, RejectsSizesItCannotRun) {
-  EXPECT_NE(error_of([] { interleaved_schedule(3, 2, 2); })
-                .find("3 micro-batches are not a multiple of the 2 ranks"),
+  EXPECT_NE(error_of([] {
+              interleaved_schedule(3, 2, 2);
+            }).find("3 micro-batches are not a multiple of the 2 ranks"),
             std::string::npos);
   EXPECT_NE(error_of([] { interleaved_schedule(4, 2, 1); }).find("1 stage(s) per rank"),
             std::string::npos);

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <tuple>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpt2p/core/error.h"
@@ -191,8 +191,7 @@ TEST(Rules, InterleavedSchedulesAreValidAndNeverDeadlock) {
         ASSERT_TRUE(v.empty()) << "R=" << R << " V=" << V << " m=" << m << "\n" << joined(v);
         for (auto transfers : {Transfers::kBuffered, Transfers::kStreamPerDirection}) {
           const SimResult r = simulate(s, {}, transfers);
-          ASSERT_TRUE(r.ok) << "R=" << R << " V=" << V << " m=" << m << "\n"
-                            << r.deadlock_reason;
+          ASSERT_TRUE(r.ok) << "R=" << R << " V=" << V << " m=" << m << "\n" << r.deadlock_reason;
         }
         ++checked;
       }
@@ -224,7 +223,7 @@ TEST(Rules, EveryChannelCarriesOneDirectionInTheSameOrderOnBothSides) {
                 partner.stage = a.peer;
                 partner.peer = a.stage;
                 partner.op = a.op == Action::Op::kRecvActivation ? Action::Op::kSendActivation
-                                                                  : Action::Op::kSendGrad;
+                                                                 : Action::Op::kSendGrad;
                 received[{c, peer, r}].push_back(to_string(partner));
               } else {
                 sent[{c, r, peer}].push_back(to_string(a));
@@ -364,7 +363,8 @@ TEST(Rules, OrderAndShapeViolations) {
   EXPECT_TRUE(mentions(v, "rank 1 action #4 '0F0': names stage 0 on rank 1"));
   EXPECT_TRUE(
       mentions(v, "stage 1: micro-batch 0 sends its gradient to the previous stage 0 times"));
-  EXPECT_TRUE(mentions(validate(ranks({"0F0 0F0 0B0"}), 1, 1), "stage 0: micro-batch 0 forwarded 2 times"));
+  EXPECT_TRUE(
+      mentions(validate(ranks({"0F0 0F0 0B0"}), 1, 1), "stage 0: micro-batch 0 forwarded 2 times"));
   EXPECT_TRUE(mentions(validate(s, 1, 3), "the schedule has 2 rank lists for 3 stages"));
   EXPECT_TRUE(
       mentions(validate(ranks({"0F0 0SEND_F0->1 0B0"}), 1, 1), "the last stage has no next stage"));

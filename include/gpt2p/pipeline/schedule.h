@@ -14,9 +14,9 @@
 //   tick 4                       (2,2)
 //
 // Action lists: one per rank. With R ranks and S = R * V stages, rank r runs stages r, r + R,
-// r + 2R, ... (V = 1: rank r runs stage r; V > 1: the interleaved schedule's "virtual stages", which
-// cut the bubble V-fold at the same micro-batch size). Each action names its stage and prints as
-// in torch.distributed.pipelining, with the peer stage of send/recv appended:
+// r + 2R, ... (V = 1: rank r runs stage r; V > 1: the interleaved schedule's "virtual stages",
+// which cut the bubble V-fold at the same micro-batch size). Each action names its stage and prints
+// as in torch.distributed.pipelining, with the peer stage of send/recv appended:
 //
 //   "2F0"        stage 2, forward of micro-batch 0
 //   "1B3"        stage 1, backward of micro-batch 3
@@ -130,7 +130,6 @@ ScheduleKind parse_schedule_kind(const std::string& name);
 std::string to_string(ScheduleKind kind);
 // The compute schedule of `kind` with communication added: what executors run, one list per rank.
 // gpipe and 1f1b take stages_per_rank 1; interleaved takes >= 2 (n_ranks * stages_per_rank stages).
-Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks,
-                       int stages_per_rank = 1);
+Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int stages_per_rank = 1);
 
 }  // namespace gpt2p::pipeline
