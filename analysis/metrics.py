@@ -171,7 +171,7 @@ def bubble(run: Run) -> Optional[Dict[str, float]]:
         if span > 0:
             fractions.append(1.0 - busy / (n * span))
     measured = fractions[1:] if len(fractions) > 1 else fractions
-    return {"stages": n, "stages_per_rank": v, "microbatches": m,
+    return {"ranks": n, "stages": n * v, "stages_per_rank": v, "microbatches": m,
             "measured": float(np.mean(measured)), "ideal": (n - 1) / (v * m + n - 1),
             "steps": len(fractions)}
 

@@ -94,3 +94,12 @@ def test_interleaved_run_is_named_with_its_stages_per_rank_and_its_ideal_bubble(
     # (n - 1) / (V M + n - 1) = 1 / 9 against 1F1B's 1 / 5 at the same M
     assert pts["interleaved x2"]["bubble_ideal"] == pytest.approx(1 / 9)
     assert pts["1f1b"]["bubble_ideal"] == pytest.approx(0.2)
+
+
+def test_interleaved_bubble_counts_ranks_and_stages(fixtures):
+    from analysis import metrics
+    from analysis.reader import read_run
+    b = metrics.bubble(read_run(fixtures / "pp_interleaved_m4"))
+    assert (b["ranks"], b["stages"], b["stages_per_rank"], b["microbatches"]) == (2, 4, 2, 4)
+    assert b["ideal"] == pytest.approx(1 / 9)
+    assert 0.0 <= b["measured"] < 1.0
