@@ -116,11 +116,13 @@ int run(const Flags& f) {
               static_cast<long long>(f.spec.batch_size), static_cast<long long>(f.spec.seq_len),
               f.precision.c_str(), where.c_str());
   std::printf("# layer times, ms per micro-batch (forward + backward)\n");
-  std::printf("# %6s %10s %10s %10s %11s\n", "rows", "embedding", "block", "head", "head/block");
+  std::printf("# (stage: what a stage's forward + backward call costs beyond its layers)\n");
+  std::printf("# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head", "head/block",
+              "stage");
   for (auto it = plan.times.rbegin(); it != plan.times.rend(); ++it) {
     const auto& t = it->second;
-    std::printf("# %6lld %10.3f %10.3f %10.3f %11.2f\n", static_cast<long long>(it->first),
-                1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block);
+    std::printf("# %6lld %10.3f %10.3f %10.3f %11.2f %10.3f\n", static_cast<long long>(it->first),
+                1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block, 1e3 * t.stage);
   }
   for (const auto& note : plan.notes) std::printf("# %s\n", note.c_str());
   std::printf("%-9s %-24s %-11s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",

@@ -37,6 +37,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
            (spec.link_gbs * 1e9);
   };
   const int n = spec.stages;
+  // Per stage and micro-batch: what a forward + backward call costs beyond its layers.
+  const auto overhead = [&](int m) { return plan.times.at(spec.batch_size / m).stage; };
   for (int v : spec.stages_per_rank) {
     GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
   }
@@ -65,9 +67,12 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
       const auto split = split_of(partition, 1, m);
       if (!split) continue;
       // model_parallel on the same split: the whole batch as one micro-batch.
-      const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], transfer(1)).step;
+      const double mp =
+          predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], {transfer(1), 1.0 / 3.0, 1, overhead(1)})
+              .step;
       const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
-        const StepPrediction p = predict_step(kind, m, stages, costs[m], transfer(m), 1.0 / 3.0, v);
+        const StepPrediction p =
+            predict_step(kind, m, stages, costs[m], {transfer(m), 1.0 / 3.0, v, overhead(m)});
         const double mv = static_cast<double>(m) * v;
         plan.rows.push_back({partition, to_string(stages),
                              m == 1 ? "model_parallel" : to_string(kind), v, m, p.step, mp / p.step,
@@ -89,9 +94,11 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 }
 
 nlohmann::json to_json(const Plan& plan, int n_layer) {
-  nlohmann::json costs = nlohmann::json::object();
-  for (const auto& [rows, t] : plan.times)
+  nlohmann::json costs = nlohmann::json::object(), overheads = nlohmann::json::object();
+  for (const auto& [rows, t] : plan.times) {
     costs[std::to_string(rows)] = layer_costs_from_times(t, n_layer);
+    overheads[std::to_string(rows)] = t.stage;
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const PlanRow& r : plan.rows) {
     rows.push_back({{"partition", r.partition},
@@ -105,7 +112,9 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
                     {"idle_fraction", r.idle},
                     {"stage_busy_s", r.stage_busy_s}});
   }
-  return {{"layer_costs_s_by_rows", costs}, {"predictions", rows}};
+  return {{"layer_costs_s_by_rows", costs},
+          {"stage_overhead_s_by_rows", overheads},
+          {"predictions", rows}};
 }
 
 }  // namespace gpt2p::pipeline

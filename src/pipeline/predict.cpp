@@ -6,8 +6,9 @@
 namespace gpt2p::pipeline {
 
 StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partition& partition,
-                            const std::vector<double>& layer_costs, double comm,
-                            double forward_share, int stages_per_rank) {
+                            const std::vector<double>& layer_costs, const StepModel& model) {
+  const double comm = model.comm, forward_share = model.forward_share;
+  const int stages_per_rank = model.stages_per_rank;
   GPT2P_CHECK(n_microbatches >= 1, "predict_step: " << n_microbatches << " micro-batches",
               "predict at least one micro-batch");
   GPT2P_CHECK(forward_share > 0.0 && forward_share < 1.0,
@@ -15,9 +16,13 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
               "pass the forward's fraction of a layer's forward + backward cost (about 1/3)");
   GPT2P_CHECK(comm >= 0.0, "predict_step: transfer cost " << comm << " < 0",
               "pass a transfer time >= 0");
+  GPT2P_CHECK(model.stage_overhead >= 0.0,
+              "predict_step: stage overhead " << model.stage_overhead << " < 0",
+              "pass a per-stage overhead >= 0");
   const std::vector<double> stage = stage_costs(layer_costs, partition);
   SimCosts costs;
   for (double c : stage) {
+    c += model.stage_overhead;
     costs.forward.push_back(forward_share * c);
     costs.backward.push_back((1.0 - forward_share) * c);
   }

@@ -30,11 +30,22 @@ TEST(LayerProfile, TimesEveryPartOnTheCpu) {
   const LayerTimes t = measure_layer_times(config, /*micro_rows=*/2, /*seq_len=*/16,
                                            /*bf16=*/false, c10::kCPU, /*warmup=*/1,
                                            /*reps=*/2, /*rounds=*/2);
-  for (double s : {t.embedding, t.block, t.head}) {
+  for (double s : {t.embedding, t.block, t.head, t.stage}) {
     EXPECT_TRUE(std::isfinite(s));
-    EXPECT_GT(s, 0.0);
+    EXPECT_GE(s, 0.0);
     EXPECT_LT(s, 10.0);  // seconds: a stuck or runaway loop, not a slow machine
   }
+  EXPECT_GT(t.block, 0.0);
+  EXPECT_GT(t.head, 0.0);
+}
+
+// With one block there is no chain to tell the per-stage overhead from the block's own cost.
+TEST(LayerProfile, OneBlockLeavesNoStageOverhead) {
+  auto config = model::preset("tiny");
+  config.n_layer = 1;
+  const LayerTimes t = measure_layer_times(config, 1, 8, /*bf16=*/false, c10::kCPU, 0, 1, 1);
+  EXPECT_EQ(t.stage, 0.0);
+  EXPECT_GT(t.block, 0.0);
 }
 
 TEST(LayerProfile, Bf16AutocastRunsToo) {
@@ -166,6 +177,7 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   // M = 1 is always timed (the model-parallel baseline): rows 4, 2 and 1.
   EXPECT_EQ(doc["layer_costs_s_by_rows"].size(), 3U);
   EXPECT_EQ(doc["layer_costs_s_by_rows"]["4"].size(), 4U);  // embedding, 2 blocks, head
+  EXPECT_GE(doc["stage_overhead_s_by_rows"]["4"].get<double>(), 0.0);
   // 3 partitions x 2 M x 2 schedules.
   ASSERT_EQ(doc["predictions"].size(), 12U);
   for (const auto& p : doc["predictions"]) {

@@ -58,8 +58,25 @@ TEST(Predict, TransfersAddToTheCriticalPath) {
   const auto costs = equal_stage_costs(2);
   const auto split = partition_balanced(costs, 2);
   const double free = predict_step(ScheduleKind::kGPipe, 4, split, costs).step;
-  const double paid = predict_step(ScheduleKind::kGPipe, 4, split, costs, 0.5).step;
+  const double paid = predict_step(ScheduleKind::kGPipe, 4, split, costs, {0.5}).step;
   EXPECT_GE(paid, free + 2 * 0.5);  // at least one activation and one gradient on the path
+}
+
+// The per-call overhead is paid once per stage and micro-batch, whatever the stage holds: on one
+// stage, m micro-batches cost m x (layers + overhead).
+TEST(Predict, StageOverheadIsPaidPerStageAndMicroBatch) {
+  const std::vector<double> costs{0.5, 2.0, 2.0, 2.0, 6.0};
+  const Partition one{{0, 5}};
+  StepModel model;
+  model.stage_overhead = 0.25;
+  EXPECT_NEAR(predict_step(ScheduleKind::kOneFOneB, 4, one, costs, model).step, 4 * 12.75, 1e-9);
+  // Two stages pay it twice per micro-batch: model parallelism costs 12.5 + 2 x 0.25.
+  const Partition two{{0, 2}, {2, 5}};
+  EXPECT_NEAR(predict_step(ScheduleKind::kGPipe, 1, two, costs, model).step, 13.0, 1e-9);
+  model.stage_overhead = -1;
+  EXPECT_NE(error_of([&] { predict_step(ScheduleKind::kGPipe, 1, two, costs, model); })
+                .find("stage overhead -1 < 0"),
+            std::string::npos);
 }
 
 TEST(Predict, BadInputSaysWhatToPass) {
@@ -70,7 +87,7 @@ TEST(Predict, BadInputSaysWhatToPass) {
             }).find("0 micro-batches"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
-              predict_step(ScheduleKind::kGPipe, 2, split, costs, 0.0, 1.0);
+              predict_step(ScheduleKind::kGPipe, 2, split, costs, {0.0, 1.0});
             }).find("forward_share 1"),
             std::string::npos);
   EXPECT_NE(error_of([&] {

@@ -25,12 +25,19 @@ struct LayerTimes {
   double embedding = 0;  // wte + wpe lookup and its gradient
   double block = 0;      // one transformer block
   double head = 0;       // ln_f + LM head + masked cross-entropy
+  // What one stage's forward + backward call costs beyond its layers, once per stage whatever it
+  // holds: autocast, the autograd engine's start, the input's requires_grad. Where the host is
+  // the bottleneck (small micro-batches, bf16) timing each layer alone would count it once per
+  // layer. 0 when the model has one block (nothing to tell it apart).
+  double stage = 0;
 };
 
-// Builds each of the three parts alone (random weights, random tokens), runs `warmup` untimed
-// iterations, then `rounds` rounds of `reps` iterations and keeps the fastest round's mean per
-// iteration (the least disturbed). Synchronises the device around each round. Throws on
-// micro_rows, seq_len, reps or rounds < 1.
+// Builds each part alone (random weights, random tokens), runs `warmup` untimed iterations, then
+// `rounds` rounds of `reps` iterations and keeps the fastest round's mean per iteration (the least
+// disturbed); synchronises the device around each round. The block is the marginal cost of a block
+// in a chain of min(4, n_layer) blocks; the rest of one block's time alone is `stage`, which the
+// embedding's and the head's times alone also carry and are given without. Throws on micro_rows,
+// seq_len, reps or rounds < 1.
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
                                int rounds = 3);

@@ -55,7 +55,8 @@ struct Plan {
 // partition's split into `stages` stages.
 Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
 
-// {"layer_costs_s_by_rows": {"64": [...], ...}, "predictions": [{partition, split, schedule,
+// {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
+// "predictions": [{partition, split, schedule,
 // stages_per_rank, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
 // stage_busy_s}]}
 nlohmann::json to_json(const Plan& plan, int n_layer);

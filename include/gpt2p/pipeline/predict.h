@@ -17,16 +17,23 @@ struct StepPrediction {
   std::vector<double> stage_busy;  // per rank: compute time per step
 };
 
+// What a step costs besides the layers, and how it splits (all times in layer_costs' unit).
+struct StepModel {
+  double comm = 0.0;                  // added to every activation and gradient transfer
+  double forward_share = 1.0 / 3.0;   // of a stage's cost; backward the rest (twice the matmuls)
+  int stages_per_rank = 1;            // V > 1: ScheduleKind::kInterleaved on R * V stages
+  double stage_overhead = 0.0;        // per stage and micro-batch, beyond its layers
+};
+
 // `layer_costs`: forward + backward cost of ONE micro-batch per layer (partition.h numbering), in
-// any time unit. Each stage's forward takes `forward_share` of its cost, backward the rest (1/3:
-// backward does about twice forward's matmul work). `comm` is added to every activation and
-// gradient transfer. Transfers follow pp_train on GPUs (one stream per direction). m = 1 is
-// model parallelism (pp_train --mode model_parallel) when `layer_costs` are the whole batch's.
-// With stages_per_rank V > 1 (ScheduleKind::kInterleaved) the partition holds R * V stages on R
-// ranks. Throws gpt2p::Error for costs that do not fit the partition, m < 1, a share outside
-// (0, 1), or a partition that does not split into V stages per rank.
+// any time unit; a stage costs the sum of its layers plus model.stage_overhead (what one forward +
+// backward call costs whatever its layers: layer_profile.h's LayerTimes::stage). Transfers follow
+// pp_train on GPUs (one stream per channel). m = 1 is model parallelism (pp_train --mode
+// model_parallel) when `layer_costs` are the whole batch's. With stages_per_rank V > 1 the
+// partition holds R * V stages on R ranks. Throws gpt2p::Error for costs that do not fit the
+// partition, m < 1, a share outside (0, 1), a negative comm or overhead, or a partition that does
+// not split into V stages per rank.
 StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partition& partition,
-                            const std::vector<double>& layer_costs, double comm = 0.0,
-                            double forward_share = 1.0 / 3.0, int stages_per_rank = 1);
+                            const std::vector<double>& layer_costs, const StepModel& model = {});
 
 }  // namespace gpt2p::pipeline
