@@ -70,23 +70,23 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
     return time_layers(config, {begin, end}, micro_rows, seq_len, bf16, device, warmup, reps,
                        rounds);
   };
-  LayerTimes t;
-  const double one = time(1, 2);
+  const double one = time(1, 2), embedding = time(0, 1), head = time(L + 1, L + 2);
+  double stage = 0.0;
   const int64_t k = std::min<int64_t>(4, L);
   if (k > 1) {
     // Marginal block: a chain of k blocks minus one block alone, per added block. Where timing
-    // noise puts it above one block alone, or the chain below one block, there is no overhead to
-    // tell apart: the block is one block alone, or the chain's mean.
+    // noise puts the chain below one block, its mean stands for the block.
     const double chain = time(1, 1 + k);
     double marginal = (chain - one) / static_cast<double>(k - 1);
     if (marginal <= 0.0) marginal = chain / static_cast<double>(k);
-    t.block = std::min(one, marginal);
-    t.stage = one - t.block;
-  } else {
-    t.block = one;
+    // Every part timed alone paid the overhead once, so it cannot exceed the cheapest of them.
+    stage = std::max(0.0, std::min({one - marginal, embedding, head}));
   }
-  t.embedding = std::max(0.0, time(0, 1) - t.stage);
-  t.head = std::max(0.0, time(L + 1, L + 2) - t.stage);
+  LayerTimes t;
+  t.stage = stage;
+  t.block = one - stage;
+  t.embedding = embedding - stage;
+  t.head = head - stage;
   return t;
 }
 

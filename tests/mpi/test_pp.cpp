@@ -252,7 +252,9 @@ TEST(PipelineMpi, MeasuredCostsAreRankZerosOnEveryRank) {
   const auto config = small_config();
   const auto costs = parallel::measured_layer_costs(world(), config, 2, kSeq, /*bf16=*/false);
   ASSERT_EQ(costs.size(), static_cast<size_t>(config.n_layer) + 2);
-  for (size_t i = 0; i < costs.size(); ++i) EXPECT_GT(costs[i], 0.0) << "layer " << i;
+  // The embedding may cost no more than a stage call (0 beyond it); blocks and the head cost more.
+  EXPECT_GE(costs.front(), 0.0);
+  for (size_t i = 1; i < costs.size(); ++i) EXPECT_GT(costs[i], 0.0) << "layer " << i;
   auto mine = torch::tensor(costs, torch::kFloat64);
   auto rank0 = mine.clone();
   world().broadcast(rank0, 0);

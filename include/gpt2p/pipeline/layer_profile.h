@@ -34,10 +34,10 @@ struct LayerTimes {
 
 // Builds each part alone (random weights, random tokens), runs `warmup` untimed iterations, then
 // `rounds` rounds of `reps` iterations and keeps the fastest round's mean per iteration (the least
-// disturbed); synchronises the device around each round. The block is the marginal cost of a block
-// in a chain of min(4, n_layer) blocks; the rest of one block's time alone is `stage`, which the
-// embedding's and the head's times alone also carry and are given without. Throws on micro_rows,
-// seq_len, reps or rounds < 1.
+// disturbed); synchronises the device around each round. `stage` is one block's time alone minus
+// the marginal block of a chain of min(4, n_layer) blocks, at most the cheapest part's time alone
+// (each part alone paid it once); every part is given without it, so the embedding can come out
+// 0 (it costs no more than the call). Throws on micro_rows, seq_len, reps or rounds < 1.
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
                                int rounds = 3);
