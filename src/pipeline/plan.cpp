@@ -37,13 +37,20 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
            (spec.link_gbs * 1e9);
   };
   const int n = spec.stages;
-  // Per stage and micro-batch: what a forward + backward call costs beyond its layers.
-  const auto overhead = [&](int m) { return plan.times.at(spec.batch_size / m).stage; };
+  // How a step of M micro-batches on V stages per rank costs beyond its layers: transfers, and
+  // per stage and micro-batch what a forward + backward call costs (the profile's `stage`).
+  const auto step_model = [&](int m, int v) {
+    StepModel model;
+    model.comm = transfer(m);
+    model.stages_per_rank = v;
+    model.stage_overhead = plan.times.at(spec.batch_size / m).stage;
+    return model;
+  };
   for (int v : spec.stages_per_rank) {
     GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
   }
-  // The split of each partition into s stages: uniform and balanced cut the same way for every
-  // M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
+  // The split of each partition into n x v stages: uniform and balanced cut the same way for
+  // every M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
   // With v stages per rank, balanced and measured balance the ranks' loads.
   std::map<std::pair<std::string, int>, std::optional<Partition>> fixed;
   const auto split_of = [&](const std::string& partition, int v,
@@ -67,12 +74,9 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
       const auto split = split_of(partition, 1, m);
       if (!split) continue;
       // model_parallel on the same split: the whole batch as one micro-batch.
-      const double mp =
-          predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], {transfer(1), 1.0 / 3.0, 1, overhead(1)})
-              .step;
+      const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
       const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
-        const StepPrediction p =
-            predict_step(kind, m, stages, costs[m], {transfer(m), 1.0 / 3.0, v, overhead(m)});
+        const StepPrediction p = predict_step(kind, m, stages, costs[m], step_model(m, v));
         const double mv = static_cast<double>(m) * v;
         plan.rows.push_back({partition, to_string(stages),
                              m == 1 ? "model_parallel" : to_string(kind), v, m, p.step, mp / p.step,
