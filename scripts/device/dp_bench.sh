@@ -23,6 +23,11 @@ run fp32_1gpu 1 "${fp32[@]}" --batch-size 64 "${nosave[@]}"
 # bf16, sequence 1024, 16 per GPU.
 bf16=(--precision bf16 --seq-len 1024 --max-train-pairs ${DP_BF16_PAIRS:-1280})
 run bf16_1gpu 1 "${bf16[@]}" --batch-size 16 "${nosave[@]}"
+# The same with the head at every position, as a plain LM head computes it (and as the anchor does).
+if [ "${DP_ALLPOS:-1}" = 1 ]; then
+  run fp32_1gpu_allpos 1 "${fp32[@]}" --batch-size 64 --loss-positions all "${nosave[@]}"
+  run bf16_1gpu_allpos 1 "${bf16[@]}" --batch-size 16 --loss-positions all "${nosave[@]}"
+fi
 if [ "$ngpu" -ge 2 ]; then
   for sync in ${DP_SYNCS:-bucketed per-param}; do
     save=("${nosave[@]}"); [ $sync = per-param ] && save=(--save-every 0)

@@ -7,7 +7,10 @@
 // The prediction assumes identical devices per stage, backward = 2/3 of a layer's forward +
 // backward time, and --link-gbs for activation/gradient transfers; it leaves out the optimizer
 // step, the tied-weight exchange and the loss broadcast (the same for every plan).
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <numeric>
 #include <sstream>
 
 #include "gpt2p/cli/main_guard.h"
@@ -15,6 +18,8 @@
 #include "gpt2p/cli/train_options.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/compat.h"
+#include "gpt2p/data/batch.h"
+#include "gpt2p/data/dataset_file.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/pipeline/plan.h"
 
@@ -24,6 +29,9 @@ using gpt2p::cli::UsageError;
 
 struct Flags {
   std::string precision = "fp32", device = "auto", json_out;
+  std::string data = ".cache/data/ding-gpt2.h5";
+  int64_t max_train_pairs = 5000;
+  double loss_fraction = -1;  // -1: from --data
   int64_t vocab_size = 50260;
   gpt2p::cli::TrainConfig model;  // preset and overrides, resolved as the trainers resolve them
   gpt2p::pipeline::PlanSpec spec;
@@ -69,6 +77,9 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
       ("link-gbs", po::value(&s.link_gbs)->default_value(s.link_gbs), "GB/s of one activation or gradient transfer between stages (NVLink on H200: ~250)")
       ("reps", po::value(&s.reps)->default_value(s.reps), "timed iterations per round of the layer profile")
+      ("loss-fraction", po::value(&f.loss_fraction), "share of positions whose loss counts, where pp_train runs the head (its default --loss-positions targets); 1 = every position (--loss-positions all). Default: the share in --data's first --max-train-pairs pairs at --seq-len, as pp_train prints it; 1 when that file is missing")
+      ("data", po::value(&f.data)->default_value(f.data), "prepared dataset the default --loss-fraction is read from")
+      ("max-train-pairs", po::value(&f.max_train_pairs)->default_value(f.max_train_pairs), "training pairs of --data counted (pp_train's --max-train-pairs; 0 = all)")
       ("json-out", po::value(&f.json_out)->default_value(""), "also write every prediction to this JSON file (atomically)");
   po::variables_map vm;
   if (!gpt2p::cli::parse_or_help("pp_plan",
@@ -93,6 +104,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (s.batch_size < 1 || s.seq_len < 1) throw UsageError("--batch-size and --seq-len must be positive");
   if (s.reps < 1) throw UsageError("--reps must be at least 1");
   if (s.link_gbs <= 0) throw UsageError("--link-gbs must be positive");
+  if (vm.count("loss-fraction") && !(f.loss_fraction > 0 && f.loss_fraction <= 1))
+    throw UsageError("--loss-fraction " + std::to_string(f.loss_fraction) + ": pass a share in (0, 1], e.g. 0.094");
   for (int m : s.microbatches) {
     if (s.batch_size % m != 0)
       throw UsageError("--microbatches: " + std::to_string(m) + " does not divide --batch-size " +
@@ -101,8 +114,26 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   return true;
 }
 
-int run(const Flags& f) {
+// --loss-fraction, or the share of target positions in --data's first --max-train-pairs pairs.
+double loss_fraction(const Flags& f) {
+  if (f.loss_fraction > 0) return f.loss_fraction;
+  if (!std::filesystem::exists(f.data)) {
+    std::printf("# %s is missing: the head is timed at every position (pass --loss-fraction)\n",
+                f.data.c_str());
+    return 1.0;
+  }
+  const auto file = gpt2p::data::DatasetFile::open(f.data);
+  const auto& train = file.split("train");
+  const int64_t pairs =
+      f.max_train_pairs > 0 ? std::min(f.max_train_pairs, train.size()) : train.size();
+  const auto counts = gpt2p::data::target_counts(train, pairs, f.spec.seq_len, file.meta().special);
+  const auto total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  return pairs > 0 ? std::max(1e-6, static_cast<double>(total) / static_cast<double>(pairs * f.spec.seq_len)) : 1.0;
+}
+
+int run(Flags f) {
   namespace pl = gpt2p::pipeline;
+  f.spec.loss_fraction = loss_fraction(f);
   gpt2p::cli::TrainConfig model = f.model;
   model.seq_len = f.spec.seq_len;
   const auto config = gpt2p::parallel::model_config_for(model, f.vocab_size);
@@ -111,10 +142,10 @@ int run(const Flags& f) {
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
   const pl::Plan plan = pl::make_plan(config, f.spec, device);
 
-  std::printf("# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s\n",
+  std::printf("# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
               gpt2p::model::describe(config).c_str(), f.spec.stages,
               static_cast<long long>(f.spec.batch_size), static_cast<long long>(f.spec.seq_len),
-              f.precision.c_str(), where.c_str());
+              f.precision.c_str(), where.c_str(), f.spec.loss_fraction);
   std::printf("# layer times, ms per micro-batch (forward + backward)\n");
   std::printf("# (stage: what a stage's forward + backward call costs beyond its layers)\n");
   std::printf("# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head", "head/block",
@@ -153,7 +184,7 @@ int run(const Flags& f) {
     doc.update({{"program", "pp_plan"}, {"model", gpt2p::model::describe(config)},
                 {"stages", f.spec.stages}, {"batch_size", f.spec.batch_size},
                 {"seq_len", f.spec.seq_len}, {"precision", f.precision}, {"device", where},
-                {"link_gbs", f.spec.link_gbs}});
+                {"link_gbs", f.spec.link_gbs}, {"loss_fraction", f.spec.loss_fraction}});
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }
   return 0;

@@ -55,6 +55,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
       ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "AdamW weight decay")
       ("grad-clip", po::value(&c.grad_clip)->default_value(c.grad_clip), "clip the global gradient norm to this; 0 = off")
       ("precision", po::value(&c.precision)->default_value(c.precision), "fp32 | tf32 | bf16 (bf16 autocast on cuda)")
+      ("loss-positions", po::value(&c.loss_positions)->default_value(c.loss_positions), "targets (the LM head and its cross-entropy run only where the loss mask counts: same loss and gradients, a fraction of the head's work) | all (every position, as a plain head)")
       ("device", po::value(&c.device)->default_value(c.device), "auto | cpu | cuda (auto: cuda when built with CUDA and a GPU is present)")
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for initialisation, shuffling and dropout")
       ("warmup-epochs", po::value(&c.warmup_epochs)->default_value(c.warmup_epochs), "epochs the analysis drops as warm-up (recorded in the output)");
@@ -123,6 +124,7 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require_one_of("precision", c.precision, {"fp32", "tf32", "bf16"});
   require_one_of("grad-sync", c.grad_sync, {"per-param", "bucketed"});
   require_one_of("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
+  require_one_of("loss-positions", c.loss_positions, {"targets", "all"});
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
   require_one_of("mode", c.mode, {"pipeline", "model_parallel"});
   require_one_of("schedule", c.schedule, {"gpipe", "1f1b", "interleaved"});
@@ -152,7 +154,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"warmup_epochs", c.warmup_epochs}, {"out", c.out}, {"init_from", c.init_from},
           {"save_every", c.save_every}, {"resume", c.resume},
           {"translate_samples", c.translate_samples}, {"grad_sync", c.grad_sync},
-          {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype}, {"mode", c.mode},
+          {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype}, {"loss_positions", c.loss_positions}, {"mode", c.mode},
           {"schedule", c.schedule}, {"microbatches", c.microbatches},
           {"stages_per_rank", c.stages_per_rank},
           {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};

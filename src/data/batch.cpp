@@ -1,5 +1,8 @@
 #include "gpt2p/data/batch.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::data {
@@ -48,6 +51,19 @@ Batch make_batch(const Split& split, const std::vector<int64_t>& indices, int64_
   for (const float m : b.mask) sum += m;
   b.target_tokens = static_cast<int64_t>(sum);
   return b;
+}
+
+std::vector<int64_t> target_counts(const Split& split, int64_t pairs, int64_t max_len,
+                                   const SpecialTokens& special) {
+  std::vector<int64_t> counts(static_cast<size_t>(std::max<int64_t>(0, pairs)));
+  std::vector<int64_t> ids;
+  std::vector<float> mask;
+  for (int64_t i = 0; i < pairs; ++i) {
+    build_row(split.src(i), split.tgt(i), max_len, special, ids, mask);
+    counts[static_cast<size_t>(i)] =
+        static_cast<int64_t>(std::accumulate(mask.begin() + 1, mask.end(), 0.0f));
+  }
+  return counts;
 }
 
 }  // namespace gpt2p::data

@@ -91,6 +91,23 @@ GPT2Impl::GPT2Impl(const GPT2Config& config, LayerRange range) : config_(config)
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
+  const auto hidden = features(x);
+  return has_head() ? F::linear(hidden, wte->weight) : hidden;
+}
+
+torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
+                             int64_t chunk_rows) {
+  GPT2P_CHECK(has_head(),
+              "loss() on the stage [" << range_.begin << ", " << range_.end
+                                      << ") that does not hold the head",
+              "compute the loss on the last stage");
+  const auto hidden = features(x);
+  const auto flat = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows.index);
+  return linear_cross_entropy(flat, wte->weight, rows.labels, rows.weights, config_.vocab_size,
+                              bf16 ? torch::kBFloat16 : wte->weight.scalar_type(), chunk_rows);
+}
+
+torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
   torch::Tensor hidden;
   if (has_embedding()) {
     GPT2P_CHECK(x.dim() == 2 && x.scalar_type() == torch::kLong,
@@ -115,8 +132,7 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
   if (h) {
     for (const auto& block : h->values()) hidden = block->as<BlockImpl>()->forward(hidden);
   }
-  if (has_head()) hidden = F::linear(ln_f(hidden), wte->weight);
-  return hidden;
+  return has_head() ? ln_f(hidden) : hidden;
 }
 
 namespace {

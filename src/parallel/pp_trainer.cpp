@@ -102,11 +102,11 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
 
 std::vector<double> measured_layer_costs(comm::Communicator& comm,
                                          const model::GPT2Config& config, int64_t micro_rows,
-                                         int64_t seq_len, bool bf16) {
+                                         int64_t seq_len, bool bf16, double loss_fraction) {
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
     const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, bf16,
-                                                     comm.device());
+                                                     comm.device(), 2, 5, 3, loss_fraction);
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());
   }
   t = t.to(comm.device());
@@ -157,10 +157,17 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
               "--microbatches " << m << " is not a multiple of the " << n
                                 << " ranks, as --schedule interleaved needs",
               "pick --microbatches from " << n << ", " << 2 * n << ", " << 4 * n << ", ...");
+  // Pipeline ranks all see the full global batch (a data "world" of one).
+  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(),
+                  cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
+                 /*rank=*/0, /*world=*/1);
+  const auto positions = model::parse_loss_positions(cfg.loss_positions);
   std::vector<double> costs;
   if (cfg.partition == "measured" && cfg.resume.empty()) {
-    costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
-                                 bf16);
+    // The head's cost depends on how many positions it runs at: the data's share of targets.
+    costs = measured_layer_costs(
+        *ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len, bf16,
+        positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0);
     compat::reset_peak_memory(ctx.device);
   }
   const auto split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
@@ -170,10 +177,6 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
               "use --microbatches: the pipeline accumulates over its micro-batches");
   const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
 
-  // Pipeline ranks all see the full global batch (a data "world" of one).
-  TrainData data({cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(),
-                  cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
-                 /*rank=*/0, /*world=*/1);
   torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
   // This rank's stages, each with its own optimizer and checkpoint directory.
   std::vector<int> my_stages;
@@ -210,7 +213,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   std::vector<std::unique_ptr<pipeline::GptStage>> stages;
   std::vector<pipeline::Stage*> stage_ptrs;
   for (auto& model : models) {
-    stages.push_back(std::make_unique<pipeline::GptStage>(model, m, bf16));
+    stages.push_back(std::make_unique<pipeline::GptStage>(
+        model, m, bf16, positions));
     stage_ptrs.push_back(stages.back().get());
   }
   pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
@@ -238,12 +242,13 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   if (rank == 0) {
     std::printf(
         "pp_train: %d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
-        "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n",
+        "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n"
+        "  loss at %s positions (the data's targets: %.3f of positions)\n",
         n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
         cfg.resume.empty() ? cfg.partition.c_str() : "checkpoint's",
-        pipeline::to_string(split).c_str());
+        pipeline::to_string(split).c_str(), cfg.loss_positions.c_str(), data.target_fraction());
     if (!costs.empty()) {
       std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
                   " (= %.2f blocks)\n",
@@ -280,7 +285,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       auto batch = data.next();
       auto dev = to_device(batch.batch, ctx.device);
       for (auto& stage : stages)
-        stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens});
+        stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens,
+                          host_mask(batch.batch)});
       rec.data = since(t0);
       const auto times = executor.run_step(step, rec.start + rec.data);
       clock.mark(0);

@@ -24,6 +24,11 @@ DeviceBatch to_device(const data::Batch& b, const torch::Device& device) {
           copy(b.mask.data(), torch::kFloat32)};
 }
 
+torch::Tensor host_mask(const data::Batch& b) {
+  return torch::from_blob(const_cast<float*>(b.mask.data()), {b.batch_size, b.seq_len},
+                          torch::kFloat32);
+}
+
 std::string format_eta(double seconds) {
   const auto s = static_cast<long long>(seconds);
   char buf[32];

@@ -27,15 +27,13 @@ TrainData::TrainData(const TrainDataOptions& o, int rank, int world)
     samplers_.emplace_back(std::move(part.indices), part.local_batch, o.seed + 1 + r);
   }
   // Target tokens per example, exactly as make_batch will mask them.
-  target_tokens_.resize(static_cast<size_t>(train_pairs_));
-  std::vector<int64_t> ids;
-  std::vector<float> mask;
-  for (int64_t i = 0; i < train_pairs_; ++i) {
-    data::build_row(train.src(i), train.tgt(i), seq_len_, special(), ids, mask);
-    // The shifted mask drops position 0, which is never a target.
-    target_tokens_[static_cast<size_t>(i)] =
-        static_cast<int64_t>(std::accumulate(mask.begin() + 1, mask.end(), 0.0f));
-  }
+  target_tokens_ = data::target_counts(train, train_pairs_, seq_len_, special());
+}
+
+double TrainData::target_fraction() const {
+  if (train_pairs_ == 0) return 1.0;
+  const auto total = std::accumulate(target_tokens_.begin(), target_tokens_.end(), int64_t{0});
+  return static_cast<double>(total) / static_cast<double>(train_pairs_ * seq_len_);
 }
 
 TrainData::Step TrainData::next() {

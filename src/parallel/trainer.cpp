@@ -70,6 +70,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
 
   io::RunRecorder recorder(cfg.out, run_identity(ctx, name));
   const bool bf16 = cfg.precision == "bf16";
+  const auto positions = model::parse_loss_positions(cfg.loss_positions);
   const int64_t vocab = ctx.model_config.vocab_size;
   const auto logits_fn = [&](const torch::Tensor& ids) {
     compat::AutocastGuard autocast(ctx.device, bf16);
@@ -113,14 +114,18 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       rec.data = since(t0);
       clock.mark(0);
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
+      // The head runs only where the loss counts; weights scaled so that averaging gradients over
+      // `world` ranks gives the gradient of the global batch's mean (train_data.h).
+      const auto rows = model::loss_rows(
+          dev.labels, host_mask(batch.batch), cfg.grad_accum,
+          static_cast<double>(world) / static_cast<double>(std::max<int64_t>(1, batch.global_target_tokens)),
+          positions);
       for (int k = 0; k < cfg.grad_accum; ++k) {
         torch::Tensor loss;
         {
           compat::AutocastGuard autocast(ctx.device, bf16);
-          auto logits = model->forward(dev.inputs.narrow(0, k * micro, micro));
-          loss = scaled_loss(logits, dev.labels.narrow(0, k * micro, micro),
-                             dev.mask.narrow(0, k * micro, micro), vocab,
-                             batch.global_target_tokens, world);
+          loss = model->loss(dev.inputs.narrow(0, k * micro, micro), rows[static_cast<size_t>(k)],
+                             bf16);
         }
         clock.mark(1 + 2 * k);
         sync->begin_backward(k + 1 == cfg.grad_accum);

@@ -15,7 +15,7 @@ namespace {
 // Fastest round's seconds per forward + backward of `range` alone on `device`.
 double time_layers(const model::GPT2Config& config, model::LayerRange range, int64_t rows,
                    int64_t seq_len, bool bf16, const torch::Device& device, int warmup, int reps,
-                   int rounds) {
+                   int rounds, double loss_fraction) {
   model::GPT2 layers(config, range);
   layers->reset_parameters(/*seed=*/1);
   layers->to(device);
@@ -26,8 +26,13 @@ double time_layers(const model::GPT2Config& config, model::LayerRange range, int
   StageBatch batch;
   batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
   batch.labels = torch::randint(config.vocab_size, {rows, seq_len}, ids);
-  batch.mask = torch::ones({rows, seq_len}, torch::TensorOptions().device(device));
-  batch.global_target_tokens = rows * seq_len;
+  // The first `counted` positions of each row count, as the target span of a translation pair.
+  const auto counted = std::clamp<int64_t>(
+      static_cast<int64_t>(std::llround(loss_fraction * static_cast<double>(seq_len))), 1, seq_len);
+  batch.host_mask = torch::zeros({rows, seq_len});
+  batch.host_mask.narrow(1, 0, counted).fill_(1.0);
+  batch.mask = batch.host_mask.to(device);
+  batch.global_target_tokens = rows * counted;
   stage.set_batch(batch);
   torch::Tensor hidden;
   if (!stage.is_first())
@@ -59,16 +64,19 @@ double time_layers(const model::GPT2Config& config, model::LayerRange range, int
 
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup, int reps,
-                               int rounds) {
+                               int rounds, double loss_fraction) {
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
               "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
                                                  << ", reps " << reps << ", rounds " << rounds
                                                  << ", warmup " << warmup,
               "pass at least one row, one token, one rep and one round (warmup >= 0)");
+  GPT2P_CHECK(loss_fraction > 0 && loss_fraction <= 1,
+              "measure_layer_times: loss fraction " << loss_fraction << " is not in (0, 1]",
+              "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
   const int64_t L = config.n_layer;
   const auto time = [&](int64_t begin, int64_t end) {
     return time_layers(config, {begin, end}, micro_rows, seq_len, bf16, device, warmup, reps,
-                       rounds);
+                       rounds, loss_fraction);
   };
   const double one = time(1, 2), embedding = time(0, 1), head = time(L + 1, L + 2);
   double stage = 0.0;

@@ -23,7 +23,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   for (int m : counts) {
     const int64_t rows = spec.batch_size / m;
     const LayerTimes t =
-        measure_layer_times(config, rows, spec.seq_len, spec.bf16, device, 2, spec.reps, 3);
+        measure_layer_times(config, rows, spec.seq_len, spec.bf16, device, 2, spec.reps, 3,
+                            spec.loss_fraction);
     plan.times[rows] = t;
     costs[m] = layer_costs_from_times(t, L);
   }

@@ -1,5 +1,6 @@
 #include "gpt2p/pipeline/stage.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpt2p/core/compat.h"
@@ -9,8 +10,10 @@
 
 namespace gpt2p::pipeline {
 
-GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16)
-    : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16) {
+GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16,
+                   model::LossPositions positions)
+    : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16),
+      positions_(positions) {
   GPT2P_CHECK(n_microbatches_ >= 1,
               "a stage needs at least one micro-batch, got " << n_microbatches_,
               "pass --microbatches >= 1");
@@ -24,6 +27,12 @@ void GptStage::set_batch(StageBatch batch) {
       "pick --microbatches dividing --batch-size");
   micro_rows_ = rows / n_microbatches_;
   batch_ = std::move(batch);
+  if (is_last()) {
+    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, batch_.global_target_tokens));
+    loss_rows_ = model::loss_rows(batch_.labels,
+                                  batch_.host_mask.defined() ? batch_.host_mask : batch_.mask,
+                                  n_microbatches_, scale, positions_);
+  }
 }
 
 double GptStage::take_loss() {
@@ -53,11 +62,9 @@ torch::Tensor GptStage::empty_activation(int mb) {
 torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
   const torch::Device device = input.device();
   compat::AutocastGuard autocast(device, bf16_);
-  auto out = model_->forward(input);
-  if (!is_last()) return out.to(torch::kFloat32);  // activations travel in fp32
-  auto loss = parallel::scaled_loss(out, rows(batch_.labels, mb), rows(batch_.mask, mb),
-                                    model_->config().vocab_size, batch_.global_target_tokens,
-                                    /*world=*/1);
+  if (!is_last()) return model_->forward(input).to(torch::kFloat32);  // activations travel in fp32
+  rows(batch_.labels, mb);  // checks mb
+  auto loss = model_->loss(input, loss_rows_[static_cast<size_t>(mb)], bf16_);
   loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
   return loss;
 }

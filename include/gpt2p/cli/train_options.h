@@ -35,6 +35,7 @@ struct TrainConfig {
   double weight_decay = 0.01;
   double grad_clip = 1.0;
   std::string precision = "fp32";  // fp32 | tf32 | bf16
+  std::string loss_positions = "targets";  // targets | all (model/lm_head_loss.h)
   std::string device = "auto";     // auto | cpu | cuda
   uint64_t seed = 11868;
   int warmup_epochs = 1;  // epochs the analysis drops (recorded, not used by training)

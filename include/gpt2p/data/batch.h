@@ -39,6 +39,11 @@ struct Batch {
 void build_row(TokenSpan src, TokenSpan tgt, int64_t max_len, const SpecialTokens& special,
                std::vector<int64_t>& ids, std::vector<float>& mask);
 
+// The target tokens make_batch counts for each of the split's first `pairs` examples (after the
+// shift, so position 0 never counts).
+std::vector<int64_t> target_counts(const Split& split, int64_t pairs, int64_t max_len,
+                                   const SpecialTokens& special);
+
 // Rows for split examples `indices` (any order, repeats allowed). max_len >= 1.
 Batch make_batch(const Split& split, const std::vector<int64_t>& indices, int64_t max_len,
                  const SpecialTokens& special);

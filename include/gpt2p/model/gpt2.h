@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "gpt2p/model/config.h"
+#include "gpt2p/model/lm_head_loss.h"
 
 namespace gpt2p::model {
 
@@ -69,6 +70,14 @@ class GPT2Impl : public torch::nn::Module {
   // Runs the range: token ids [B,T] (int64) if it starts at the embedding, else hidden [B,T,C];
   // returns logits [B,T,padded_vocab_size] if it ends with the head, else hidden [B,T,C].
   torch::Tensor forward(const torch::Tensor& x);
+
+  // forward() without the head's projection: with the head, the final LayerNorm's output.
+  torch::Tensor features(const torch::Tensor& x);
+
+  // Stages with the head: the loss of `rows` (see lm_head_loss.h) from the range's input, with the
+  // head computed only at those positions, in bf16 (autocast) or the weight's dtype.
+  torch::Tensor loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
+                     int64_t chunk_rows = kLossChunkRows);
 
   // GPT-2 init (normal 0.02; residual projections 0.02/sqrt(2*n_layer); zero biases; LayerNorm
   // 1/0; padded wte rows zero), each layer from its own generator seeded by (seed, layer index),

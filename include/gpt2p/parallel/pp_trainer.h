@@ -24,10 +24,11 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
 
 // Layer costs for --partition measured: rank 0 times the layers (pipeline/layer_profile.h) for a
 // micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank cuts
-// the model the same way. Collective: every rank of `comm` calls it.
+// the model the same way. `loss_fraction`: the share of positions the head runs at (see
+// measure_layer_times). Collective: every rank of `comm` calls it.
 std::vector<double> measured_layer_costs(comm::Communicator& comm,
                                          const model::GPT2Config& config, int64_t micro_rows,
-                                         int64_t seq_len, bool bf16);
+                                         int64_t seq_len, bool bf16, double loss_fraction = 1.0);
 
 // Trains with the parsed flags. World size = number of stages. Writes <out>/rank<r>.h5 (steps,
 // epochs, actions), checkpoints under <out>/checkpoint/stage<s>, prints progress on rank 0.

@@ -25,6 +25,8 @@ struct DeviceBatch {
 };
 // Copies a host batch to `device` (pinned, non-blocking on CUDA).
 DeviceBatch to_device(const data::Batch& b, const torch::Device& device);
+// The batch's loss mask as a [B, T] float32 CPU tensor viewing b's memory (no copy).
+torch::Tensor host_mask(const data::Batch& b);
 
 // "1h02m03s".
 std::string format_eta(double seconds);

@@ -47,6 +47,8 @@ class TrainData {
   const data::DatasetFile& dataset() const { return file_; }
   const data::SpecialTokens& special() const { return file_.meta().special; }
   int64_t seq_len() const { return seq_len_; }
+  // The share of the training pairs' positions whose loss counts (their target tokens).
+  double target_fraction() const;
 
  private:
   data::DatasetFile file_;

@@ -37,10 +37,13 @@ struct LayerTimes {
 // disturbed); synchronises the device around each round. `stage` is one block's time alone minus
 // the marginal block of a chain of min(4, n_layer) blocks, at most the cheapest part's time alone
 // (each part alone paid it once); every part is given without it, so the embedding can come out
-// 0 (it costs no more than the call). Throws on micro_rows, seq_len, reps or rounds < 1.
+// 0 (it costs no more than the call). The head runs at the loss positions only (GptStage's
+// default): `loss_fraction` of each row's positions count (the data's share of target tokens;
+// TrainData::target_fraction), at least one. Throws on micro_rows, seq_len, reps or rounds < 1 and
+// on a fraction outside (0, 1].
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
-                               int rounds = 3);
+                               int rounds = 3, double loss_fraction = 1.0);
 
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);

@@ -27,6 +27,7 @@ struct PlanSpec {
   std::vector<int> stages_per_rank{1, 2};
   double link_gbs = 200;  // GB/s of one activation/gradient transfer (fp32 activations)
   int reps = 5;           // timed iterations per round of the layer profile
+  double loss_fraction = 1;  // share of positions the head runs at (pp_train's data: ~0.09)
 };
 
 struct PlanRow {

@@ -40,12 +40,15 @@ class Stage {
 struct StageBatch {
   torch::Tensor inputs, labels, mask;  // [B, T]: int64, int64, float32
   int64_t global_target_tokens = 0;    // sum of mask over the whole batch (loss scaling)
+  torch::Tensor host_mask;             // optional: mask on the host (spares a device read)
 };
 
 class GptStage : public Stage {
  public:
   // `model` holds this stage's layer range; the step's batch is cut into n_microbatches row blocks.
-  GptStage(model::GPT2 model, int n_microbatches, bool bf16);
+  // The last stage computes the head at `positions` (lm_head_loss.h).
+  GptStage(model::GPT2 model, int n_microbatches, bool bf16,
+           model::LossPositions positions = model::LossPositions::kTargets);
 
   void set_batch(StageBatch batch);
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
@@ -65,7 +68,9 @@ class GptStage : public Stage {
   model::GPT2 model_;
   int n_microbatches_;
   bool bf16_;
+  model::LossPositions positions_;
   StageBatch batch_;
+  std::vector<model::LossRows> loss_rows_;  // last stage: per micro-batch
   int64_t micro_rows_ = 0;
   torch::Tensor loss_sum_;
 };

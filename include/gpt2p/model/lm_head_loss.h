@@ -1,0 +1,54 @@
+// The LM head and its cross-entropy as one operation, the way training needs them.
+//
+// Computed plainly, the head of GPT-2 is the most expensive layer of a training step: logits for
+// every position ([rows * T, 50304]), cast to float32, log-softmax, and in backward the same
+// tensors again. linear_cross_entropy instead
+//   - computes the head only for the positions whose loss counts (a translation batch's target
+//     tokens: about 9% of HW5's positions at sequence 128, the rest is source text and padding),
+//   - works through them in chunks, so no [positions, vocab] tensor outlives its chunk,
+//   - and computes the gradients of hidden states and weight in the forward pass (softmax minus
+//     one-hot, two GEMMs per chunk), so backward only scales them by the incoming gradient.
+// Loss and gradients are those of the plain computation (the tests compare them).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpt2p::model {
+
+// Which positions the head is computed for. kTargets: only where the loss mask is non-zero (the
+// default; same loss and gradients). kAll: every position, with zero weights where the mask is 0
+// (what a plain head computes; kept to compare the two).
+enum class LossPositions { kTargets, kAll };
+LossPositions parse_loss_positions(const std::string& name);  // "targets" | "all"
+const char* to_string(LossPositions positions);
+
+// The positions of one micro-batch that the loss counts.
+struct LossRows {
+  torch::Tensor index;    // int64 [n]: positions in the micro-batch's flattened [rows * T]
+  torch::Tensor labels;   // int64 [n]: the label at each position
+  torch::Tensor weights;  // float32 [n]: its weight in the loss (mask * scale)
+};
+
+// One LossRows per block of R / parts rows of labels and mask [R, T] (R divisible by parts). The
+// weight of a position is mask * scale. The mask is read on the host (a device mask costs one
+// synchronisation); the results live on labels' device.
+std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor& mask, int parts,
+                                double scale, LossPositions positions);
+
+// Rows per chunk of linear_cross_entropy by default: 4096 x 50304 logits are 0.4 GB in bf16.
+inline constexpr int64_t kLossChunkRows = 4096;
+
+// sum_i weights[i] * CE(hidden[i] . weight[:vocab_size]^T, labels[i]) for hidden [n, C] and
+// weight [V' >= vocab_size, C] (columns past vocab_size never count). Computed in `compute`
+// (float32 or bfloat16) with the softmax in float32. Differentiable in hidden and weight when grad
+// mode is on and either requires grad; otherwise only the loss is computed.
+torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& labels, const torch::Tensor& weights,
+                                   int64_t vocab_size, torch::ScalarType compute,
+                                   int64_t chunk_rows = kLossChunkRows);
+
+}  // namespace gpt2p::model
