@@ -1,5 +1,6 @@
 #include "gpt2p/parallel/pp_trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -76,7 +77,7 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
 pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
                                     int n_stages, int64_t seq_len,
                                     const std::vector<double>& measured_costs,
-                                    int stages_per_rank) {
+                                    int stages_per_rank, double loss_fraction) {
   GPT2P_CHECK(stages_per_rank >= 1 && n_stages % stages_per_rank == 0,
               n_stages << " stages do not split into " << stages_per_rank << " per rank",
               "pass a stage count that is ranks x --stages-per-rank");
@@ -96,7 +97,7 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
               "pass --partition uniform, balanced or measured");
   const auto costs = pipeline::layer_costs_flops(
       blocks, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
-      static_cast<int>(seq_len), static_cast<int>(config.padded_vocab_size()));
+      static_cast<int>(seq_len), static_cast<int>(config.padded_vocab_size()), loss_fraction);
   return balance(costs);
 }
 
@@ -162,16 +163,18 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                   cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
                  /*rank=*/0, /*world=*/1);
   const auto positions = model::parse_loss_positions(cfg.loss_positions);
+  // The head's cost depends on how many positions it runs at: the data's share of targets.
+  const double loss_share = positions == model::LossPositions::kTargets
+                                ? std::clamp(data.target_fraction(), 1e-6, 1.0)
+                                : 1.0;
   std::vector<double> costs;
   if (cfg.partition == "measured" && cfg.resume.empty()) {
-    // The head's cost depends on how many positions it runs at: the data's share of targets.
-    costs = measured_layer_costs(
-        *ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len, bf16,
-        positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0);
+    costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
+                                 bf16, loss_share);
     compat::reset_peak_memory(ctx.device);
   }
   const auto split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
-                                                          cfg.seq_len, costs, v)
+                                                          cfg.seq_len, costs, v, loss_share)
                                         : checkpoint_partition(cfg.resume, n_stages);
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");

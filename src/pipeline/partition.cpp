@@ -170,7 +170,7 @@ Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ra
 }
 
 std::vector<double> layer_costs_flops(int n_layer, int n_embd, int n_head, int seq_len,
-                                      int vocab_size) {
+                                      int vocab_size, double loss_fraction) {
   GPT2P_CHECK(n_layer >= 1 && n_embd >= 1 && n_head >= 1 && seq_len >= 1 && vocab_size >= 1,
               "layer_costs_flops: n_layer " << n_layer << ", n_embd " << n_embd << ", n_head "
                                             << n_head << ", seq_len " << seq_len << ", vocab_size "
@@ -179,11 +179,14 @@ std::vector<double> layer_costs_flops(int n_layer, int n_embd, int n_head, int s
   GPT2P_CHECK(n_embd % n_head == 0,
               "layer_costs_flops: n_embd " << n_embd << " is not a multiple of n_head " << n_head,
               "use an n_embd divisible by n_head");
+  GPT2P_CHECK(loss_fraction > 0 && loss_fraction <= 1,
+              "layer_costs_flops: loss fraction " << loss_fraction << " is not in (0, 1]",
+              "pass the share of positions whose loss counts (1: every position)");
   const double t = seq_len;
   const double c = n_embd;
   const double v = vocab_size;
   const double block = 3.0 * (24.0 * t * c * c + 4.0 * t * t * c);
-  const double head = 3.0 * (2.0 * t * c * v);
+  const double head = 3.0 * (2.0 * t * c * v) * loss_fraction;
   std::vector<double> costs(n_layer + 2, block);
   costs.front() = 0.0;
   costs.back() = head;

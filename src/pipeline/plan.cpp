@@ -31,7 +31,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 
   const auto flops = layer_costs_flops(
       L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
-      static_cast<int>(spec.seq_len), static_cast<int>(config.padded_vocab_size()));
+      static_cast<int>(spec.seq_len), static_cast<int>(config.padded_vocab_size()),
+      spec.loss_fraction);
   // Seconds to move one micro-batch's fp32 activations (or their gradient) between stages.
   const auto transfer = [&](int m) {
     return static_cast<double>(spec.batch_size / m * spec.seq_len * config.n_embd) * 4.0 /

@@ -73,11 +73,26 @@ TEST(LayerProfile, AMeasuredHeadMovesTheCut) {
   EXPECT_EQ(to_string(partition_balanced(flops, 2)), "0-9|10-13");
 }
 
+// With the head only at HW5's 9.2% target positions (lm_head_loss.h) it costs half a block, and
+// the balanced cut puts 6 blocks on each side: 0-6|7-13.
+TEST(LayerProfile, AHeadAtTheTargetPositionsOnlyEvensTheCut) {
+  const auto full = layer_costs_flops(12, 768, 12, 128, 50304);
+  const auto targets = layer_costs_flops(12, 768, 12, 128, 50304, 0.092);
+  EXPECT_DOUBLE_EQ(targets.back(), 0.092 * full.back());
+  EXPECT_EQ(targets[1], full[1]);
+  EXPECT_EQ(to_string(partition_balanced(targets, 2)), "0-6|7-13");
+  EXPECT_NE(error_of([] { layer_costs_flops(12, 768, 12, 128, 50304, 0.0); }).find("loss fraction 0"),
+            std::string::npos);
+}
+
 TEST(LayerProfile, BadArgumentsSayWhatToPass) {
   const auto config = model::preset("tiny");
   EXPECT_NE(
       error_of([&] { measure_layer_times(config, 0, 8, false, c10::kCPU); }).find("micro_rows 0"),
       std::string::npos);
+  EXPECT_NE(error_of([&] { measure_layer_times(config, 1, 8, false, c10::kCPU, 0, 1, 1, 1.5); })
+                .find("loss fraction 1.5"),
+            std::string::npos);
   EXPECT_NE(
       error_of([&] { measure_layer_times(config, 1, 8, false, c10::kCPU, 0, 0); }).find("reps 0"),
       std::string::npos);

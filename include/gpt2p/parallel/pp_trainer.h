@@ -20,7 +20,7 @@ namespace gpt2p::parallel {
 pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
                                     int n_stages, int64_t seq_len,
                                     const std::vector<double>& measured_costs = {},
-                                    int stages_per_rank = 1);
+                                    int stages_per_rank = 1, double loss_fraction = 1.0);
 
 // Layer costs for --partition measured: rank 0 times the layers (pipeline/layer_profile.h) for a
 // micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank cuts

@@ -51,10 +51,11 @@ Partition partition_interleaved(const std::vector<double>& layer_costs, int n_ra
 // FLOPs of forward + backward (3 x forward) per layer for one sequence of seq_len tokens:
 //   embedding 0 (a gather: memory-bound, no multiply-adds),
 //   block     3 * (24 T C^2 + 4 T^2 C)   (QKV/proj/MLP matmuls + attention scores and values),
-//   ln_f+head 3 * (2 T C V).
+//   ln_f+head 3 * (2 T C V) * loss_fraction   (the head runs only where the loss counts:
+//             model/lm_head_loss.h; loss_fraction = 1 for a head at every position).
 // n_head does not change the FLOPs; it is checked to divide n_embd. Returns L + 2 values.
 std::vector<double> layer_costs_flops(int n_layer, int n_embd, int n_head, int seq_len,
-                                      int vocab_size);
+                                      int vocab_size, double loss_fraction = 1.0);
 
 // Sum of layer costs per stage; throws unless `partition` covers layer_costs exactly.
 std::vector<double> stage_costs(const std::vector<double>& layer_costs, const Partition& partition);
