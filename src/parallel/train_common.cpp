@@ -79,7 +79,8 @@ bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
 }
 
 data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,
-                                const EpochTotals& totals) {
+                                EpochTotals& totals, const torch::Device& device) {
+  totals.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(device));
   const data::SamplerPosition resume_at =
       stopped ? data.position() : data::SamplerPosition{epoch + 1, 0};
   data.set_position({epoch + 1, 0});
@@ -88,7 +89,7 @@ data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, in
 }
 
 io::EpochRecord epoch_record(int64_t epoch, const EpochTotals& totals, double val_loss,
-                             double val_ppl, double bleu, const torch::Device& device) {
+                             double val_ppl, double bleu) {
   io::EpochRecord er;
   er.epoch = epoch;
   er.train_time = totals.time;
@@ -98,7 +99,7 @@ io::EpochRecord epoch_record(int64_t epoch, const EpochTotals& totals, double va
   er.val_loss = val_loss;
   er.val_ppl = val_ppl;
   er.bleu = bleu;
-  er.peak_memory_bytes = static_cast<double>(compat::peak_memory_bytes(device));
+  er.peak_memory_bytes = totals.peak_memory_bytes;
   return er;
 }
 

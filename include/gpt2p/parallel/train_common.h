@@ -43,6 +43,7 @@ struct EpochTotals {
   double time = 0;      // seconds in timed steps (evaluation and checkpoints excluded)
   int64_t tokens = 0;   // padded tokens, as HW5 counts them
   int64_t targets = 0;  // target (loss) tokens
+  double peak_memory_bytes = 0;  // the device's peak over the epoch's steps (end_epoch)
 };
 
 // Where a step sits, for the progress line.
@@ -68,13 +69,14 @@ bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
 
 // The epoch boundary: returns where a resume continues (the next batch of this epoch when the run
 // stopped inside it, else the start of the next epoch), moves `data` to the next epoch and prints
-// HW5's per-rank line.
+// HW5's per-rank line. It also reads the device's peak memory into `totals`: training's peak, before
+// evaluation (whose full logits would otherwise count) runs.
 data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,
-                                const EpochTotals& totals);
+                                EpochTotals& totals, const torch::Device& device);
 
-// The /epochs row of an epoch: HW5's time and tokens/s from `totals`, the validation result, BLEU
-// (NaN when not measured) and the device's peak memory.
+// The /epochs row of an epoch: HW5's time and tokens/s and the training peak memory from `totals`,
+// the validation result and BLEU (NaN when not measured).
 io::EpochRecord epoch_record(int64_t epoch, const EpochTotals& totals, double val_loss,
-                             double val_ppl, double bleu, const torch::Device& device);
+                             double val_ppl, double bleu);
 
 }  // namespace gpt2p::parallel
