@@ -3,6 +3,7 @@
 // checkpoint, and a --resume from it continues at the right step exactly as an uninterrupted run.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "gpt2p/model/checkpoint.h"
@@ -58,6 +59,18 @@ TEST_F(DataParallelTrainer, WritesRankFilesAndResumesAtTheRightStep) {
   EXPECT_EQ(read_column(rank_file("b"), "/steps/step"), (std::vector<double>{2}));
   EXPECT_EQ(read_column(rank_file("b"), "/steps/epoch"), (std::vector<double>{0}));
   expect_resume_continues_the_run(1e-6);
+}
+
+TEST_F(DataParallelTrainer, LossPositionsTargetsAndAllTrainTheSame) {
+  auto all = config("all", 3);
+  all.loss_positions = "all";
+  ASSERT_EQ(train_data_parallel(config("targets", 3), cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(all, cli::Program::kDataParallel, topo), 0);
+  const auto a = read_column(rank_file("targets"), "/steps/loss");
+  const auto b = read_column(rank_file("all"), "/steps/loss");
+  ASSERT_EQ(a.size(), 3U);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
 }
 
 }  // namespace

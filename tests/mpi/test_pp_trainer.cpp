@@ -4,6 +4,7 @@
 // when --partition says another.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -129,6 +130,20 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
               std::string::npos)
         << e.what();
   }
+}
+
+// The head at the target positions only (the default) against the head at every position: the
+// same losses step by step (the rows that are left out have weight 0).
+TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
+  auto all = config("all", 3, "uniform");
+  all.loss_positions = "all";
+  ASSERT_EQ(train_pipeline(config("targets", 3, "uniform"), topo), 0);
+  ASSERT_EQ(train_pipeline(all, topo), 0);
+  const auto a = read_column(rank_file("targets"), "/steps/loss");
+  const auto b = read_column(rank_file("all"), "/steps/loss");
+  ASSERT_EQ(a.size(), 3U);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
 }
 
 }  // namespace
