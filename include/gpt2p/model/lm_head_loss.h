@@ -8,7 +8,10 @@
 //   - works through them in chunks, so no [positions, vocab] tensor outlives its chunk,
 //   - and computes the gradients of hidden states and weight in the forward pass (softmax minus
 //     one-hot, two GEMMs per chunk), so backward only scales them by the incoming gradient.
-// Loss and gradients are those of the plain computation (the tests compare them).
+// Loss and gradients are those of the plain computation (the tests compare them). Until its
+// backward, each call keeps the hidden-state gradient ([n, C]) and a weight-sized gradient
+// (V' x C, float32: 154 MB for GPT-2): what a pipeline holds per micro-batch in flight instead
+// of that micro-batch's logits.
 #pragma once
 
 #include <torch/torch.h>
