@@ -6,7 +6,6 @@
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/parallel/grad_norm.h"
-#include "gpt2p/parallel/run_context.h"
 
 namespace gpt2p::pipeline {
 

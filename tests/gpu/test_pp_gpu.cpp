@@ -16,6 +16,7 @@
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/pipeline/executor.h"
+#include "support/small_model.h"
 
 namespace gpt2p {
 namespace {
@@ -24,13 +25,7 @@ constexpr int64_t kRows = 8, kSeq = 16;
 constexpr uint64_t kSeed = 99;
 
 // 8 blocks (2 ranks x 2 stages fit with room), no dropout, a small vocabulary.
-model::GPT2Config small_config() {
-  auto c = model::preset("tiny");
-  c.n_layer = 8;
-  c.dropout = 0.0;
-  c.vocab_size = 500;
-  return c;
-}
+model::GPT2Config small_config() { return gpt2p::testing::small_model(8, 500); }
 
 class PipelineGpu : public ::testing::Test {
  protected:

@@ -12,6 +12,7 @@
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/pipeline/executor.h"
+#include "support/small_model.h"
 
 namespace gpt2p {
 namespace {
@@ -31,13 +32,7 @@ comm::Communicator& grad_comm() {
 }
 
 // The tiny preset with 4 blocks (4 stages fit), no dropout, a small vocabulary (fast head).
-model::GPT2Config small_config() {
-  auto c = model::preset("tiny");
-  c.n_layer = 4;
-  c.dropout = 0.0;
-  c.vocab_size = 500;
-  return c;
-}
+model::GPT2Config small_config() { return gpt2p::testing::small_model(4, 500); }
 
 // The same random batch on every rank (seeded generator).
 pipeline::StageBatch random_batch(uint64_t seed, int64_t vocab, int64_t rows = kBatch) {

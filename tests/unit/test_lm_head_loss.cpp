@@ -8,6 +8,7 @@
 #include "gpt2p/model/lm_head_loss.h"
 #include "gpt2p/parallel/run_context.h"
 #include "support/errors.h"
+#include "support/small_model.h"
 
 namespace gpt2p::model {
 namespace {
@@ -157,16 +158,8 @@ TEST(LossRows, RejectsPartsThatDoNotDivideAndUnknownNames) {
 
 // ---- GPT2::loss --------------------------------------------------------------------------------
 
-GPT2Config small_config() {
-  auto c = preset("tiny");
-  c.vocab_size = 100;  // pads to 128
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_ctx = 12;
-  c.dropout = 0.0;
-  return c;
-}
+// Vocabulary 100 pads to 128: padded logit columns exist.
+GPT2Config small_config() { return gpt2p::testing::small_model(2, 100, 32, 2, 12); }
 
 TEST(GPT2Loss, EqualsTheScaledLossOfTheLogitsWithTheSameGradients) {
   const auto config = small_config();

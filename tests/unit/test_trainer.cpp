@@ -21,6 +21,7 @@
 #include "gpt2p/parallel/train_data.h"
 #include "support/temp_dir.h"
 #include "support/errors.h"
+#include "support/small_model.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -29,15 +30,9 @@ using gpt2p::testing::error_of;
 
 namespace fs = std::filesystem;
 
+// Vocabulary 100 pads to 128: padded logit columns exist.
 model::GPT2Config small_config(int64_t vocab = 100) {
-  auto c = model::preset("tiny");
-  c.vocab_size = vocab;  // 100 pads to 128: padded logit columns exist
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.n_ctx = 12;
-  c.dropout = 0.0;
-  return c;
+  return gpt2p::testing::small_model(2, vocab, 32, 2, 12);
 }
 
 // ---- scaled_loss -------------------------------------------------------------------------------

@@ -51,7 +51,9 @@ void init_from(model::GPT2& model, const std::string& dir);
 io::RunIdentity run_identity(const RunContext& ctx, const char* program);
 
 // Sum of the masked cross-entropy scaled so that averaging gradients over `world` ranks gives the
-// gradient of the mean over the global batch's `global_target_tokens` (see train_data.h).
+// gradient of the mean over the global batch's `global_target_tokens` (see train_data.h), from
+// full logits. The trainers compute the same loss with GPT2::loss (the head at the target
+// positions only, model/lm_head_loss.h); this is the plain computation the tests compare it with.
 torch::Tensor scaled_loss(const torch::Tensor& logits, const torch::Tensor& labels,
                           const torch::Tensor& mask, int64_t vocab_size,
                           int64_t global_target_tokens, int world);
