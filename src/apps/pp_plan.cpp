@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <numeric>
 #include <sstream>
 
 #include "gpt2p/cli/main_guard.h"
@@ -126,9 +125,8 @@ double loss_fraction(const Flags& f) {
   const auto& train = file.split("train");
   const int64_t pairs =
       f.max_train_pairs > 0 ? std::min(f.max_train_pairs, train.size()) : train.size();
-  const auto counts = gpt2p::data::target_counts(train, pairs, f.spec.seq_len, file.meta().special);
-  const auto total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  return pairs > 0 ? std::max(1e-6, static_cast<double>(total) / static_cast<double>(pairs * f.spec.seq_len)) : 1.0;
+  return gpt2p::data::target_share(
+      gpt2p::data::target_counts(train, pairs, f.spec.seq_len, file.meta().special), f.spec.seq_len);
 }
 
 int run(Flags f) {

@@ -66,4 +66,12 @@ std::vector<int64_t> target_counts(const Split& split, int64_t pairs, int64_t ma
   return counts;
 }
 
+double target_share(const std::vector<int64_t>& counts, int64_t max_len) {
+  if (counts.empty() || max_len < 1) return 1.0;
+  const auto total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const double share = static_cast<double>(total) /
+                       (static_cast<double>(counts.size()) * static_cast<double>(max_len));
+  return std::clamp(share, 1e-6, 1.0);
+}
+
 }  // namespace gpt2p::data

@@ -164,9 +164,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                  /*rank=*/0, /*world=*/1);
   const auto positions = model::parse_loss_positions(cfg.loss_positions);
   // The head's cost depends on how many positions it runs at: the data's share of targets.
-  const double loss_share = positions == model::LossPositions::kTargets
-                                ? std::clamp(data.target_fraction(), 1e-6, 1.0)
-                                : 1.0;
+  const double loss_share =
+      positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
   if (cfg.partition == "measured" && cfg.resume.empty()) {
     costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,

@@ -1,7 +1,6 @@
 #include "gpt2p/parallel/train_data.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "gpt2p/core/error.h"
 
@@ -30,11 +29,7 @@ TrainData::TrainData(const TrainDataOptions& o, int rank, int world)
   target_tokens_ = data::target_counts(train, train_pairs_, seq_len_, special());
 }
 
-double TrainData::target_fraction() const {
-  if (train_pairs_ == 0) return 1.0;
-  const auto total = std::accumulate(target_tokens_.begin(), target_tokens_.end(), int64_t{0});
-  return static_cast<double>(total) / static_cast<double>(train_pairs_ * seq_len_);
-}
+double TrainData::target_fraction() const { return data::target_share(target_tokens_, seq_len_); }
 
 TrainData::Step TrainData::next() {
   Step step{};

@@ -41,13 +41,17 @@ double GptStage::take_loss() {
   return v;
 }
 
-torch::Tensor GptStage::rows(const torch::Tensor& t, int mb) const {
+int GptStage::check_microbatch(int mb) const {
   GPT2P_CHECK(
-      t.defined() && mb >= 0 && mb < n_microbatches_,
+      batch_.inputs.defined() && mb >= 0 && mb < n_microbatches_,
       "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
-                     << (t.defined() ? "" : " and no batch"),
+                     << (batch_.inputs.defined() ? "" : " and no batch"),
       "call set_batch() before running a step and keep the schedule's M equal to the stage's");
-  return t.narrow(0, mb * micro_rows_, micro_rows_);
+  return mb;
+}
+
+torch::Tensor GptStage::rows(const torch::Tensor& t, int mb) const {
+  return t.narrow(0, check_microbatch(mb) * micro_rows_, micro_rows_);
 }
 
 torch::Tensor GptStage::input(int mb) { return rows(batch_.inputs, mb); }
@@ -62,8 +66,7 @@ torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
   const torch::Device device = input.device();
   compat::AutocastGuard autocast(device, bf16_);
   if (!is_last()) return model_->forward(input).to(torch::kFloat32);  // activations travel in fp32
-  rows(batch_.labels, mb);  // checks mb
-  auto loss = model_->loss(input, loss_rows_[static_cast<size_t>(mb)], bf16_);
+  auto loss = model_->loss(input, loss_rows_[static_cast<size_t>(check_microbatch(mb))], bf16_);
   loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
   return loss;
 }

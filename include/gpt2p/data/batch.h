@@ -44,6 +44,10 @@ void build_row(TokenSpan src, TokenSpan tgt, int64_t max_len, const SpecialToken
 std::vector<int64_t> target_counts(const Split& split, int64_t pairs, int64_t max_len,
                                    const SpecialTokens& special);
 
+// The share of all positions (counts.size() rows of max_len) that those counts cover, in
+// [1e-6, 1] (so that a cost scaled by it never vanishes); 1 for no rows.
+double target_share(const std::vector<int64_t>& counts, int64_t max_len);
+
 // Rows for split examples `indices` (any order, repeats allowed). max_len >= 1.
 Batch make_batch(const Split& split, const std::vector<int64_t>& indices, int64_t max_len,
                  const SpecialTokens& special);

@@ -47,7 +47,7 @@ class TrainData {
   const data::DatasetFile& dataset() const { return file_; }
   const data::SpecialTokens& special() const { return file_.meta().special; }
   int64_t seq_len() const { return seq_len_; }
-  // The share of the training pairs' positions whose loss counts (their target tokens).
+  // The share of the training pairs' positions whose loss counts (data::target_share).
   double target_fraction() const;
 
  private:

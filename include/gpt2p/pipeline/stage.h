@@ -63,6 +63,8 @@ class GptStage : public Stage {
   void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) override;
 
  private:
+  // mb, after checking that a batch is set and holds it (throws otherwise).
+  int check_microbatch(int mb) const;
   torch::Tensor rows(const torch::Tensor& t, int mb) const;
 
   model::GPT2 model_;
