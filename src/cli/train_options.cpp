@@ -74,7 +74,8 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
     dp.add_options()
         ("grad-sync", po::value(&c.grad_sync)->default_value(c.grad_sync), "per-param (one all_reduce per parameter, HW5) | bucketed (overlapped with backward)")
         ("bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "bucket size in MiB for --grad-sync bucketed")
-        ("reduce-dtype", po::value(&c.reduce_dtype)->default_value(c.reduce_dtype), "fp32 | bf16: dtype gradients travel in");
+        ("reduce-dtype", po::value(&c.reduce_dtype)->default_value(c.reduce_dtype), "fp32 | bf16: dtype gradients travel in")
+        ("embedding-sync", po::value(&c.embedding_sync)->default_value(c.embedding_sync), "the tied wte under --grad-sync bucketed: sparse (the head's part reduced as soon as backward starts, the token lookup's B*T gradient rows all-gathered) | dense (one 50k-row all_reduce after backward)");
     desc.add(dp);
   }
   if (program == Program::kPipeline) {
@@ -124,6 +125,7 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require_one_of("precision", c.precision, {"fp32", "tf32", "bf16"});
   require_one_of("grad-sync", c.grad_sync, {"per-param", "bucketed"});
   require_one_of("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
+  require_one_of("embedding-sync", c.embedding_sync, {"sparse", "dense"});
   require_one_of("loss-positions", c.loss_positions, {"targets", "all"});
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
   require_one_of("mode", c.mode, {"pipeline", "model_parallel"});
@@ -154,7 +156,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"warmup_epochs", c.warmup_epochs}, {"out", c.out}, {"init_from", c.init_from},
           {"save_every", c.save_every}, {"resume", c.resume},
           {"translate_samples", c.translate_samples}, {"grad_sync", c.grad_sync},
-          {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype}, {"loss_positions", c.loss_positions}, {"mode", c.mode},
+          {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype},
+          {"embedding_sync", c.embedding_sync}, {"loss_positions", c.loss_positions}, {"mode", c.mode},
           {"schedule", c.schedule}, {"microbatches", c.microbatches},
           {"stages_per_rank", c.stages_per_rank},
           {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};

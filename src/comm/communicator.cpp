@@ -110,6 +110,32 @@ void Communicator::check_reduce(const torch::Tensor& t, ReduceOp op, const char*
               "use ReduceOp::kSum and divide yourself, or reduce a floating-point tensor");
 }
 
+void Communicator::check_gather_output(const torch::Tensor& input,
+                                       const torch::Tensor& output) const {
+  std::vector<int64_t> shape{size()};
+  shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
+  GPT2P_CHECK(output.defined() && output.sizes() == torch::IntArrayRef(shape) &&
+                  output.scalar_type() == input.scalar_type() &&
+                  output.device() == input.device() && output.is_contiguous(),
+              "all_gather_async: output must be a contiguous " << dtype_name(input.scalar_type())
+                                                               << " tensor of shape " << shape
+                                                               << " on " << input.device(),
+              "allocate it with torch::empty({comm.size(), ...input shape}, input.options())");
+}
+
+namespace {
+struct CompletedWork final : Work {
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+}  // namespace
+
+WorkPtr Communicator::all_gather_async(const torch::Tensor& input, torch::Tensor& output) {
+  check_gather_output(input, output);
+  output.copy_(all_gather(input));
+  return std::make_unique<CompletedWork>();
+}
+
 void Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   all_reduce_async(tensor, op)->wait();
 }

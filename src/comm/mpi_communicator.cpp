@@ -261,6 +261,38 @@ torch::Tensor MpiCommunicator::all_gather(const torch::Tensor& input) {
   return out;
 }
 
+WorkPtr MpiCommunicator::all_gather_async(const torch::Tensor& input, torch::Tensor& output) {
+  check_tensor(input, "all_gather_async");
+  check_gather_output(input, output);
+  const torch::Tensor in = contiguous_buffer(input);
+  const int64_t n = in.numel();
+  const MPI_Datatype type = wire_type(in.scalar_type());
+  std::vector<MPI_Request> requests;
+  if (n <= options_.max_chunk_elements) {
+    if (n > 0) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      GPT2P_MPI_CHECK(MPI_Iallgather(in.data_ptr(), static_cast<int>(n), type, output.data_ptr(),
+                                     static_cast<int>(n), type, comm_, &r));
+      requests.push_back(r);
+    }
+    return std::make_unique<MpiWork>(std::move(requests), [in, output] {});
+  }
+  // Large inputs: one gather per chunk into its own buffer, put into place when complete.
+  std::vector<std::pair<int64_t, torch::Tensor>> parts;
+  for_chunks(n, options_.max_chunk_elements, [&](int64_t offset, int count) {
+    torch::Tensor tmp = torch::empty({size(), count}, in.options());
+    MPI_Request r = MPI_REQUEST_NULL;
+    GPT2P_MPI_CHECK(MPI_Iallgather(at(in, offset), count, type, tmp.data_ptr(), count, type, comm_, &r));
+    requests.push_back(r);
+    parts.emplace_back(offset, tmp);
+  });
+  auto finish = [in, output, parts = std::move(parts), world = size(), n] {
+    torch::Tensor rows = output.view({world, n});
+    for (const auto& [offset, tmp] : parts) rows.slice(1, offset, offset + tmp.size(1)).copy_(tmp);
+  };
+  return std::make_unique<MpiWork>(std::move(requests), std::move(finish));
+}
+
 WorkPtr MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "send");
   check_peer(peer, "send");

@@ -193,6 +193,17 @@ class NcclCommunicator final : public Communicator {
     return out;
   }
 
+  WorkPtr all_gather_async(const torch::Tensor& input, torch::Tensor& output) override {
+    check_tensor(input, "all_gather_async");
+    check_gather_output(input, output);
+    const torch::Tensor in = input.contiguous();
+    return enqueue({in, output}, nullptr, [&](cudaStream_t stream) {
+      if (in.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclAllGather(in.data_ptr(), output.data_ptr(), static_cast<size_t>(in.numel()),
+                                     nccl_type(in.scalar_type()), state_->comm, stream));
+    });
+  }
+
   // Tags are not used by NCCL: messages between two ranks match in call order.
   WorkPtr send_async(const torch::Tensor& tensor, int peer, int /*tag*/) override {
     check_tensor(tensor, "send");

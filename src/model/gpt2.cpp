@@ -90,6 +90,53 @@ GPT2Impl::GPT2Impl(const GPT2Config& config, LayerRange range) : config_(config)
   reset_parameters(0);
 }
 
+namespace {
+
+// The token lookup whose backward hands (ids, output gradient) to a sink instead of returning a
+// weight gradient. The anchor, a 0-element tensor that requires grad, is what makes autograd call
+// backward at all; the weight arrives detached, so there is no edge to wte.
+class SinkedLookup : public torch::autograd::Function<SinkedLookup> {
+ public:
+  // saved_data holds IValues; a capsule carries the sink.
+  struct SinkHolder : torch::CustomClassHolder {
+    explicit SinkHolder(std::shared_ptr<GPT2Impl::EmbeddingGradSink> s) : sink(std::move(s)) {}
+    std::shared_ptr<GPT2Impl::EmbeddingGradSink> sink;
+  };
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& anchor,
+                               const torch::Tensor& ids, const torch::Tensor& weight,
+                               const std::shared_ptr<GPT2Impl::EmbeddingGradSink>& sink) {
+    (void)anchor;
+    ctx->saved_data["sink"] = c10::IValue::make_capsule(c10::make_intrusive<SinkHolder>(sink));
+    ctx->save_for_backward({ids});
+    return weight.index_select(0, ids.reshape({-1})).view({ids.size(0), ids.size(1), weight.size(1)});
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto ids = ctx->get_saved_variables()[0];
+    const auto capsule = ctx->saved_data["sink"].toCapsule();
+    const auto* holder = dynamic_cast<const SinkHolder*>(capsule.get());
+    GPT2P_CHECK(holder != nullptr, "embedding backward lost its gradient sink", "this is a bug");
+    (*holder->sink)(ids, grads[0]);
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};  // one per argument
+  }
+};
+
+}  // namespace
+
+void GPT2Impl::set_embedding_grad_sink(EmbeddingGradSink sink) {
+  GPT2P_CHECK(has_embedding(), "set_embedding_grad_sink() on a stage without the embedding",
+              "set the sink on the stage that holds layer 0");
+  if (!sink) {
+    sink_.reset();
+    sink_anchor_ = torch::Tensor();
+    return;
+  }
+  sink_ = std::make_shared<EmbeddingGradSink>(std::move(sink));
+  sink_anchor_ = torch::zeros({0}, wte->weight.options()).requires_grad_(true);
+}
+
 torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
   const auto hidden = features(x);
   return has_head() ? F::linear(hidden, wte->weight) : hidden;
@@ -120,7 +167,9 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
                 "cut sequences to at most " << config_.n_ctx << " tokens or use a larger n_ctx");
     const auto pos =
         torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    hidden = drop_(wte(x) + wpe(pos));
+    const auto tokens = sink_ ? SinkedLookup::apply(sink_anchor_, x, wte->weight.detach(), sink_)
+                              : wte(x);
+    hidden = drop_(tokens + wpe(pos));
   } else {
     GPT2P_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
                 "GPT-2 stage [" << range_.begin << ", " << range_.end

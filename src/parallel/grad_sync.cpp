@@ -1,5 +1,8 @@
 #include "gpt2p/parallel/grad_sync.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <chrono>
 
 #include "gpt2p/core/error.h"
@@ -74,8 +77,14 @@ class PerParamSync final : public GradSync {
 class BucketedSync final : public GradSync {
  public:
   BucketedSync(comm::Communicator* comm, const std::vector<torch::Tensor>& params,
-               double bucket_mb, torch::ScalarType dtype)
-      : comm_(comm), dtype_(dtype) {
+               double bucket_mb, torch::ScalarType dtype, torch::Tensor tied)
+      : comm_(comm), dtype_(dtype), tied_(std::move(tied)) {
+    if (tied_.defined()) {
+      GPT2P_CHECK(std::any_of(params.begin(), params.end(),
+                              [&](const torch::Tensor& p) { return p.is_same(tied_); }),
+                  "the tied embedding weight is not among the parameters to synchronise",
+                  "pass the model's own wte weight");
+    }
     const auto bytes_per = static_cast<int64_t>(torch::elementSize(dtype));
     const auto capacity = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024) / bytes_per);
     // Reverse registration order approximates the order in which backward produces gradients.
@@ -104,6 +113,12 @@ class BucketedSync final : public GradSync {
   BucketedSync& operator=(const BucketedSync&) = delete;
 
   void begin_backward(bool sync) override {
+    // A .grad still viewing its bucket from the last step (kept by zero_grad() instead of reset)
+    // gets its own memory, or backward would accumulate into a bucket being filled and reduced.
+    for (auto& slot : slots_) {
+      auto& g = slot.param.mutable_grad();
+      if (g.defined() && g.is_alias_of(buckets_[slot.bucket].flat)) g = g.clone();
+    }
     armed_ = sync;
     if (!sync) return;
     for (auto& b : buckets_) {
@@ -112,6 +127,11 @@ class BucketedSync final : public GradSync {
     }
     for (auto& s : slots_) s.filled = false;
     first_launch_ = Clock::time_point{};
+  }
+
+  EmbeddingGradSink embedding_sink() override {
+    if (!tied_.defined()) return {};
+    return [this](const torch::Tensor& ids, const torch::Tensor& grad) { on_embedding_grad(ids, grad); };
   }
 
   void end_backward() override {
@@ -133,13 +153,17 @@ class BucketedSync final : public GradSync {
         auto& slot = slots_[s];
         auto& g = slot.param.mutable_grad();
         auto avg = b.flat.narrow(0, slot.offset, slot.param.numel()).view_as(slot.param);
-        if (!g.defined()) {
-          g = avg.to(slot.param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+        // fill() folded any earlier .grad into the bucket: the average replaces it.
+        if (avg.scalar_type() == slot.param.scalar_type()) {
+          g = avg;
+        } else if (!g.defined()) {
+          g = avg.to(slot.param.scalar_type());
         } else {
           g.copy_(avg);
         }
       }
     }
+    add_embedding_part();
     wait_end_ = Clock::now();
     synced_ = true;
   }
@@ -200,6 +224,48 @@ class BucketedSync final : public GradSync {
     slot.filled = true;
   }
 
+  // The sink: this micro-step's lookup gradient. Kept until the step's syncing backward, which
+  // gathers every micro-step's rows at once.
+  void on_embedding_grad(const torch::Tensor& ids, const torch::Tensor& grad) {
+    lookup_ids_.push_back(ids.reshape({-1}));
+    lookup_grads_.push_back(grad.reshape({-1, grad.size(-1)}).to(dtype_));
+    if (!armed_) return;
+    const auto cat = [](std::vector<torch::Tensor>& parts) {
+      auto all = parts.size() == 1 ? parts.front().contiguous() : torch::cat(parts);
+      parts.clear();
+      return all;
+    };
+    gather_ids_ = cat(lookup_ids_);
+    gather_grads_ = cat(lookup_grads_);
+    const int64_t world = comm_->size();
+    ids_all_ = torch::empty({world, gather_ids_.size(0)}, gather_ids_.options());
+    grads_all_ = torch::empty({world, gather_grads_.size(0), gather_grads_.size(1)},
+                              gather_grads_.options());
+    ids_work_ = comm_->all_gather_async(gather_ids_, ids_all_);
+    grads_work_ = comm_->all_gather_async(gather_grads_, grads_all_);
+  }
+
+  // After the buckets: the tied weight's .grad holds the averaged head part; add the lookup's part
+  // of the global batch, divided by the ranks as the average would.
+  void add_embedding_part() {
+    if (!grads_work_) return;
+    ids_work_->wait();
+    grads_work_->wait();
+    const auto rows = grads_all_.view({-1, grads_all_.size(-1)}).to(tied_.scalar_type());
+    auto part = at::embedding_dense_backward(rows, ids_all_.view({-1}), tied_.size(0),
+                                             /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+    const double inv = 1.0 / static_cast<double>(comm_->size());
+    auto& g = tied_.mutable_grad();
+    if (g.defined()) {
+      g.add_(part, inv);
+    } else {
+      g = part.mul_(inv);
+    }
+    ids_work_.reset();
+    grads_work_.reset();
+    gather_ids_ = gather_grads_ = ids_all_ = grads_all_ = torch::Tensor();
+  }
+
   void launch(size_t bi) {
     if (first_launch_ == Clock::time_point{}) first_launch_ = Clock::now();
     buckets_[bi].work = comm_->all_reduce_async(buckets_[bi].flat, comm::ReduceOp::kAvg);
@@ -207,6 +273,10 @@ class BucketedSync final : public GradSync {
 
   comm::Communicator* comm_;
   torch::ScalarType dtype_;
+  torch::Tensor tied_;  // reduced sparsely when defined
+  std::vector<torch::Tensor> lookup_ids_, lookup_grads_;
+  torch::Tensor gather_ids_, gather_grads_, ids_all_, grads_all_;
+  comm::WorkPtr ids_work_, grads_work_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
   bool armed_ = false;
@@ -218,7 +288,8 @@ class BucketedSync final : public GradSync {
 
 std::unique_ptr<GradSync> make_grad_sync(const std::string& mode, comm::Communicator* comm,
                                          const std::vector<torch::Tensor>& params,
-                                         double bucket_mb, torch::ScalarType reduce_dtype) {
+                                         double bucket_mb, torch::ScalarType reduce_dtype,
+                                         const torch::Tensor& tied_embedding) {
   if (mode == "none") return std::make_unique<NoSync>();
   GPT2P_CHECK(comm != nullptr, "gradient sync '" << mode << "' needs a communicator", "this is a bug");
   GPT2P_CHECK(!params.empty(), "no parameters to synchronise", "this is a bug");
@@ -226,7 +297,7 @@ std::unique_ptr<GradSync> make_grad_sync(const std::string& mode, comm::Communic
   if (mode == "bucketed") {
     GPT2P_CHECK(bucket_mb > 0, "--bucket-mb " << bucket_mb << " is not positive",
                 "pass a bucket size in MiB, e.g. 25");
-    return std::make_unique<BucketedSync>(comm, params, bucket_mb, reduce_dtype);
+    return std::make_unique<BucketedSync>(comm, params, bucket_mb, reduce_dtype, tied_embedding);
   }
   GPT2P_FAIL("unknown --grad-sync '" << mode << "'", "use per-param or bucketed");
 }

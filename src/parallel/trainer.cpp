@@ -67,7 +67,9 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   }
   const auto reduce_dtype = cfg.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   auto sync = make_grad_sync(world == 1 ? "none" : cfg.grad_sync, ctx.comm.get(), params,
-                             cfg.bucket_mb, reduce_dtype);
+                             cfg.bucket_mb, reduce_dtype,
+                             cfg.embedding_sync == "sparse" ? model->tied_parameter() : torch::Tensor());
+  if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
 
   io::RunRecorder recorder(cfg.out, run_identity(ctx, name));
   const bool bf16 = cfg.precision == "bf16";

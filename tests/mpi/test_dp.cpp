@@ -1,8 +1,9 @@
 // Data parallelism on CPU at 2, 3 and 4 ranks (HW5's a5_1_2 and more):
 //  * after a step every rank holds bitwise-identical gradients and parameters;
 //  * N ranks on B/N sequences each reproduce one rank on all B (gradients and SGD-updated
-//    parameters within 1e-5 relative), for per-param and bucketed sync (one bucket and several),
-//    with unequal target-token counts per rank, and with gradient accumulation;
+//    parameters within 1e-5 relative), for per-param and bucketed sync (one bucket and several,
+//    the tied weight dense or sparse), with unequal target-token counts per rank, and with
+//    gradient accumulation;
 //  * the comparison discriminates: no sync, summing instead of averaging, and per-rank mean losses
 //    all fail it;
 //  * bf16 reductions stay close to fp32;
@@ -67,6 +68,7 @@ struct StepSpec {
   double bucket_mb = 25;
   torch::ScalarType reduce_dtype = torch::kFloat32;
   int grad_accum = 1;
+  bool sparse_embedding = false;  // the tied weight's lookup part gathered (grad_sync.h)
   bool local_mean_loss = false;  // HW5's naive loss: this rank's mean, not scaled_loss
   bool sum_after = false;        // a broken "sync": all_reduce(sum) of the grads after backward
 };
@@ -82,7 +84,9 @@ StepResult train_step(const data::Split& split, int64_t first, int64_t count,
   model->reset_parameters(kModelSeed);
   auto params = model->parameters();
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(kLr));
-  auto sync = make_grad_sync(spec.sync, comm, params, spec.bucket_mb, spec.reduce_dtype);
+  auto sync = make_grad_sync(spec.sync, comm, params, spec.bucket_mb, spec.reduce_dtype,
+                             spec.sparse_embedding ? model->tied_parameter() : torch::Tensor());
+  if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
 
   std::vector<int64_t> rows(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) rows[static_cast<size_t>(i)] = first + i;
@@ -228,6 +232,20 @@ TEST_F(DataParallel, GradAccumulationReproducesOneRank) {
     // Micro-steps before the last one do not sync (local batch 6, 4 or 3: 2 or 3 micro-steps).
     s.grad_accum = (kGlobalBatch / world) % 2 == 0 ? 2 : 3;
     expect_reproduces_reference(run(s), kFp32Tol);
+  }
+}
+
+TEST_F(DataParallel, SparseEmbeddingSyncReproducesOneRank) {
+  for (const int accum : {1, (kGlobalBatch / world) % 2 == 0 ? 2 : 3}) {
+    for (const double mb : {0.01, 1024.0}) {
+      SCOPED_TRACE("grad_accum " + std::to_string(accum) + ", bucket MiB " + std::to_string(mb));
+      StepSpec s;
+      s.sync = "bucketed";
+      s.bucket_mb = mb;
+      s.grad_accum = accum;
+      s.sparse_embedding = true;
+      expect_reproduces_reference(run(s), kFp32Tol);
+    }
   }
 }
 

@@ -73,5 +73,19 @@ TEST_F(DataParallelTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
 }
 
+TEST_F(DataParallelTrainer, SparseAndDenseEmbeddingSyncTrainTheSame) {
+  auto dense = config("dense", 3);
+  dense.embedding_sync = "dense";
+  auto sparse = config("sparse", 3);
+  sparse.embedding_sync = "sparse";
+  ASSERT_EQ(train_data_parallel(sparse, cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(dense, cli::Program::kDataParallel, topo), 0);
+  const auto a = read_column(rank_file("sparse"), "/steps/loss");
+  const auto b = read_column(rank_file("dense"), "/steps/loss");
+  ASSERT_EQ(a.size(), 3U);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+}
+
 }  // namespace
 }  // namespace gpt2p::parallel

@@ -107,6 +107,43 @@ TEST(GPT2, HeadIsTiedToEmbedding) {
     EXPECT_EQ(item.key().find("lm_head"), std::string::npos);
 }
 
+TEST(GPT2, EmbeddingGradSinkTakesTheLookupsPartOfTheTiedGradient) {
+  const auto c = small_config();
+  GPT2 model(c);
+  model->reset_parameters(3);
+  const auto ids = random_ids(c, 2, 6, 5);
+  const auto tied_grad = [&] {
+    model->zero_grad();
+    model->wte->weight.mutable_grad() = torch::Tensor();
+    model->lm_loss_all(model->forward(ids), ids).backward();
+    return model->wte->weight.grad().clone();
+  };
+  const auto plain = tied_grad();
+  torch::Tensor got_ids, got_grad;
+  int calls = 0;
+  model->set_embedding_grad_sink([&](const torch::Tensor& i, const torch::Tensor& g) {
+    got_ids = i;
+    got_grad = g.clone();
+    ++calls;
+  });
+  const auto head_only = tied_grad();
+  ASSERT_EQ(calls, 1);
+  EXPECT_TRUE(torch::equal(got_ids, ids));
+  EXPECT_EQ(got_grad.sizes(), torch::IntArrayRef({2, 6, c.n_embd}));
+  EXPECT_FALSE(torch::allclose(head_only, plain, 1e-4, 1e-6)) << "the lookup's part is left out";
+  const auto lookup = at::embedding_dense_backward(got_grad.view({-1, c.n_embd}), ids.view({-1}),
+                                                   c.padded_vocab_size(), -1, false);
+  EXPECT_TRUE(torch::allclose(head_only + lookup, plain, 1e-5, 1e-7));
+  // Forward is unchanged, and an empty sink restores the plain lookup.
+  model->set_embedding_grad_sink({});
+  EXPECT_TRUE(torch::allclose(tied_grad(), plain, 1e-6, 1e-8));
+  EXPECT_EQ(calls, 1);
+  GPT2 tail(c, LayerRange{1, -1});
+  EXPECT_NE(error_of([&] { tail->set_embedding_grad_sink([](const auto&, const auto&) {}); })
+                .find("stage without the embedding"),
+            std::string::npos);
+}
+
 TEST(GPT2, InitStatistics) {
   GPT2Config c = preset("tiny");
   c.n_layer = 8;

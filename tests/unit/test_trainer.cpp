@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -89,11 +90,14 @@ class HalvingComm final : public comm::Communicator {
   comm::WorkPtr all_reduce_async(torch::Tensor& t, comm::ReduceOp op) override {
     check_tensor(t, "all_reduce");
     reductions.push_back({t.numel(), t.scalar_type()});
+    events.push_back("reduce " + std::to_string(t.numel()));
     if (op == comm::ReduceOp::kAvg) t.copy_(t.to(torch::kFloat32) / 2);
     return std::make_unique<Done>();
   }
   void broadcast(torch::Tensor& /*t*/, int /*root*/) override {}
+  // The other rank gathers zeros: token 0 with a zero gradient adds nothing.
   torch::Tensor all_gather(const torch::Tensor& t) override {
+    events.push_back("gather " + std::to_string(t.numel()));
     return torch::stack({t, torch::zeros_like(t)});
   }
   comm::WorkPtr send_async(const torch::Tensor&, int, int) override {
@@ -107,6 +111,7 @@ class HalvingComm final : public comm::Communicator {
     torch::ScalarType dtype;
   };
   std::vector<Reduction> reductions;
+  std::vector<std::string> events;  // "reduce <numel>" and "gather <numel>", in call order
 
  private:
   struct Done final : comm::Work {
@@ -121,12 +126,16 @@ struct SyncRun {
 };
 
 // Backward of `micro_steps` micro-batches on a fresh model, through sync `mode`.
+// `sparse`: the tied weight's lookup part through the embedding sink (grad_sync.h).
 SyncRun run_sync(const std::string& mode, comm::Communicator* comm, double bucket_mb,
-                 torch::ScalarType dtype, int micro_steps) {
+                 torch::ScalarType dtype, int micro_steps, bool sparse = false) {
   model::GPT2 model(small_config());
   model->reset_parameters(5);
   auto params = model->parameters();
-  auto sync = make_grad_sync(mode, comm, params, bucket_mb, dtype);
+  auto sync = make_grad_sync(mode, comm, params, bucket_mb, dtype,
+                             sparse ? model->tied_parameter() : torch::Tensor());
+  if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
+  EXPECT_EQ(static_cast<bool>(sync->embedding_sink()), sparse && mode == "bucketed");
   torch::manual_seed(6);
   for (int k = 0; k < micro_steps; ++k) {
     const auto ids = torch::randint(0, 100, {2, 8}, torch::kLong);
@@ -211,6 +220,55 @@ TEST(GradSync, Bf16ReducesInBf16) {
   }
 }
 
+TEST(GradSync, SparseEmbeddingSyncReducesTheHeadPartFirstAndGathersTheLookup) {
+  for (int micro_steps : {1, 2}) {
+    SCOPED_TRACE(micro_steps);
+    const auto local = run_sync("none", nullptr, 25, torch::kFloat32, micro_steps);
+    HalvingComm comm;
+    expect_halved(run_sync("bucketed", &comm, 0.01, torch::kFloat32, micro_steps, true), local,
+                  1e-6);
+    const auto wte = std::to_string(small_config().padded_vocab_size() * 32);
+    // Every micro-step's 2 x 8 lookups, ids and gradient rows, gathered once at the sync.
+    const std::string ids = "gather " + std::to_string(micro_steps * 16);
+    const std::string rows = "gather " + std::to_string(micro_steps * 16 * 32);
+    const auto at = [&](const std::string& e) {
+      return std::find(comm.events.begin(), comm.events.end(), e) - comm.events.begin();
+    };
+    ASSERT_LT(at("reduce " + wte), static_cast<std::ptrdiff_t>(comm.events.size()));
+    ASSERT_LT(at(ids), static_cast<std::ptrdiff_t>(comm.events.size()));
+    ASSERT_LT(at(rows), static_cast<std::ptrdiff_t>(comm.events.size()));
+    EXPECT_EQ(at("reduce " + wte), 0) << "the tied weight's head part goes first";
+    int64_t total = 0;
+    for (const auto& r : comm.reductions) total += r.numel;
+    EXPECT_EQ(total, local.params_numel) << "every element still reduced exactly once";
+  }
+  // per-param and dense bucketed ignore the tied weight: no sink.
+  HalvingComm comm;
+  run_sync("per-param", &comm, 25, torch::kFloat32, 1, true);
+  for (const auto& e : comm.events) EXPECT_EQ(e.rfind("gather", 0), std::string::npos) << e;
+}
+
+TEST(GradSync, ReducedGradientsViewTheirBucketsUntilTheNextBackward) {
+  model::GPT2 model(small_config());
+  auto params = model->parameters();
+  HalvingComm comm;
+  auto sync = make_grad_sync("bucketed", &comm, params, 25, torch::kFloat32);
+  const auto ids = torch::randint(0, 100, {2, 8}, torch::kLong);
+  const auto step = [&] {
+    sync->begin_backward(true);
+    model->lm_loss_all(model->forward(ids), ids).backward();
+    sync->end_backward();
+    sync->finish_step();
+  };
+  step();
+  const auto first = params[0].grad().clone();
+  EXPECT_TRUE(params[0].grad().is_alias_of(params[1].grad())) << "one bucket, no copies";
+  // zero_grad() keeps .grad: the next backward must not accumulate into the bucket it reduces.
+  for (auto& p : params) p.mutable_grad().zero_();
+  step();
+  EXPECT_TRUE(torch::allclose(params[0].grad(), first, 1e-6, 1e-9));
+}
+
 TEST(GradSync, ErrorsNameTheProblem) {
   model::GPT2 model(small_config());
   const auto params = model->parameters();
@@ -226,6 +284,12 @@ TEST(GradSync, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([&] {
               make_grad_sync("bucketed", &comm, params, 0, torch::kFloat32);
             }).find("--bucket-mb 0 is not positive"),
+            std::string::npos);
+  model::GPT2 other(small_config());
+  EXPECT_NE(error_of([&] {
+              make_grad_sync("bucketed", &comm, params, 25, torch::kFloat32,
+                             other->tied_parameter());
+            }).find("tied embedding weight is not among the parameters"),
             std::string::npos);
 }
 

@@ -53,6 +53,7 @@ struct TrainConfig {
   std::string grad_sync = "bucketed";  // per-param | bucketed
   double bucket_mb = 25;
   std::string reduce_dtype = "fp32";  // fp32 | bf16
+  std::string embedding_sync = "sparse";  // sparse | dense (the tied wte, bucketed only)
 
   // Pipeline parallel.
   std::string mode = "pipeline";  // pipeline | model_parallel

@@ -103,6 +103,10 @@ class Communicator {
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   // Returns a tensor of shape [size, ...input shape] holding every rank's input in rank order.
   virtual torch::Tensor all_gather(const torch::Tensor& input) = 0;
+  // The same into `output` ([size, ...input shape], contiguous, input's dtype and device), without
+  // the size check; both tensors must stay alive until wait(). The base version runs all_gather
+  // and copies (complete on return); the MPI and NCCL backends overlap it.
+  virtual WorkPtr all_gather_async(const torch::Tensor& input, torch::Tensor& output);
 
   virtual void send(const torch::Tensor& tensor, int peer, int tag = 0);
   virtual void recv(torch::Tensor& tensor, int peer, int tag = 0);
@@ -122,6 +126,8 @@ class Communicator {
   void check_peer(int peer, const char* op) const;
   void check_tensor(const torch::Tensor& t, const char* op) const;
   void check_reduce(const torch::Tensor& t, ReduceOp op, const char* what) const;
+  // all_gather_async's output: [size, ...input shape], contiguous, input's dtype and device.
+  void check_gather_output(const torch::Tensor& input, const torch::Tensor& output) const;
 
  private:
   Topology topo_;

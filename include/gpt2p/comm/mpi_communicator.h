@@ -35,6 +35,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr all_reduce_async(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
   void broadcast(torch::Tensor& tensor, int root) override;
   torch::Tensor all_gather(const torch::Tensor& input) override;
+  WorkPtr all_gather_async(const torch::Tensor& input, torch::Tensor& output) override;
   WorkPtr send_async(const torch::Tensor& tensor, int peer, int tag = 0) override;
   WorkPtr recv_async(torch::Tensor& tensor, int peer, int tag = 0) override;
   void barrier() override;

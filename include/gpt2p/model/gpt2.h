@@ -13,6 +13,9 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <memory>
+
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/lm_head_loss.h"
 
@@ -87,6 +90,14 @@ class GPT2Impl : public torch::nn::Module {
   // The tied embedding / head weight [padded_vocab, C], or an undefined tensor if not held.
   torch::Tensor tied_parameter() const;
 
+  // Takes the embedding's part of the tied weight's gradient out of autograd (data parallelism's
+  // sparse sync, grad_sync.h). With a sink set, the token lookup contributes no gradient to wte
+  // through autograd, so wte's gradient is complete as soon as the head's is; instead backward
+  // hands the sink the lookup's ids [B,T] and output gradient [B,T,C], and whoever set it must add
+  // the embedding's part to wte's gradient itself. An empty function restores the plain lookup.
+  using EmbeddingGradSink = std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
+  void set_embedding_grad_sink(EmbeddingGradSink sink);
+
   // lm_loss / lm_loss_all below, with this model's vocab_size.
   torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,
                         const torch::Tensor& mask) const;
@@ -107,6 +118,9 @@ class GPT2Impl : public torch::nn::Module {
   GPT2Config config_;
   LayerRange range_;
   torch::nn::Dropout drop_{nullptr};
+  // With a sink: the lookup's only autograd input (no parameter; wte is read detached).
+  std::shared_ptr<EmbeddingGradSink> sink_;
+  torch::Tensor sink_anchor_;
 };
 TORCH_MODULE(GPT2);
 

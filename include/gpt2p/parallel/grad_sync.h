@@ -9,12 +9,24 @@
 //               gradients are in, overlapping the rest of backward. end_backward() waits on all
 //               buckets and copies the averages back into .grad. Optionally the buckets travel
 //               in bf16 (--reduce-dtype bf16).
+//               Once reduced, .grad is a view of its bucket (no copy back) unless the dtypes differ.
 // With gradient accumulation only the last micro-step's backward synchronises (begin_backward(true));
 // earlier ones just accumulate into .grad locally.
+//
+// The tied embedding / head weight (bucketed only, when make_grad_sync is given it): its gradient
+// has a dense part from the head, ready right after the loss, and a sparse part from the token
+// lookup, ready only when backward ends. Reduced as one 50k x C tensor it is the last and largest
+// reduction, exposed after backward. Instead the model hands the lookup's gradient to
+// embedding_sink() (GPT2Impl::set_embedding_grad_sink): the head's part then goes in its bucket as
+// soon as backward starts, and the lookup's ids and output gradients (B*T rows, not 50k) are
+// all-gathered; end_backward() adds embedding_backward(all rows) / ranks to the averaged head part.
+// Every rank computes that sum from the same gathered rows, so ranks stay bitwise identical. It
+// needs every rank's lookups to have the same shape (dp_train's [B/N, T] batches).
 #pragma once
 
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,11 +52,18 @@ class GradSync {
   // and returns their times. Call once per step, when the step is being timed anyway.
   virtual SyncTimes finish_step() = 0;
   virtual std::string name() const = 0;
+  // What to pass to GPT2Impl::set_embedding_grad_sink, or an empty function when the tied weight
+  // is reduced densely.
+  using EmbeddingGradSink = std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
+  virtual EmbeddingGradSink embedding_sink() { return {}; }
 };
 
-// mode: "none" | "per-param" | "bucketed". `comm` may be null only for "none".
+// mode: "none" | "per-param" | "bucketed". `comm` may be null only for "none". `tied_embedding`:
+// the tied weight (one of `params`) to reduce sparsely as above, or undefined for dense; only
+// bucketed mode uses it.
 std::unique_ptr<GradSync> make_grad_sync(const std::string& mode, comm::Communicator* comm,
                                          const std::vector<torch::Tensor>& params,
-                                         double bucket_mb, torch::ScalarType reduce_dtype);
+                                         double bucket_mb, torch::ScalarType reduce_dtype,
+                                         const torch::Tensor& tied_embedding = {});
 
 }  // namespace gpt2p::parallel
