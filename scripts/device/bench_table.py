@@ -22,6 +22,7 @@ def our_run(run_dir):
     if not ranks:
         return None
     per_rank_time, per_rank_tok, step_times, step_tokens, peaks = [], [], [], 0, []
+    phases = {"forward": [], "backward": [], "sync_exposed": []}
     pipeline = False
     cfg = {}
     for path in ranks:
@@ -36,6 +37,8 @@ def our_run(run_dir):
             sel = st["epoch"][:] >= 1 if len(ep["epoch"]) > 1 else slice(None)
             step_times.append(np.asarray(st["end"][:] - st["start"][:])[sel])
             step_tokens += int(st["padded_tokens"][0])
+            for k in phases:
+                phases[k].append(float(np.median(np.asarray(st[k][:])[sel])))
             if "peak_memory_bytes" in ep:
                 peaks.append(float(np.max(ep["peak_memory_bytes"][:])))
     # The stages of a pp_train run all work on the same batch: one replica, so its tokens are
@@ -51,6 +54,8 @@ def our_run(run_dir):
                 partition=cfg.get("partition"), stages_per_rank=cfg.get("stages_per_rank", 1),
                 hw5_epoch_time=float(np.mean(epoch_time)), hw5_tok_s=float(np.mean(epoch_tok)),
                 median_step_s=med_step, step_tok_s=step_tokens / med_step,
+                # median phase times, the slowest rank's
+                phase_ms={k: 1000 * max(v) for k, v in phases.items()},
                 peak_gib=[p / 2**30 for p in peaks])
 
 
@@ -71,7 +76,8 @@ def main():
             except json.JSONDecodeError:
                 pass
     print(f"{'run':26s} {'world':>5s} {'HW5 tok/s':>10s} {'epoch s':>8s} {'step tok/s':>10s} "
-          f"{'step ms':>8s} {'vs base':>7s} {'peak GiB/rank':>14s}")
+          f"{'step ms':>8s} {'vs base':>7s} {'HW5 x':>6s} {'fwd':>6s} {'bwd':>6s} {'sync':>5s} "
+          f"{'peak GiB/rank':>14s}")
     for name, r in ours.items():
         # pp: speed-up over the model_parallel run of the same setting (fp32_mp for fp32_*,
         # fp32_mp_uniform for *_uniform); dp: over the 1-GPU run of the same precision.
@@ -79,10 +85,13 @@ def main():
             base = name.split("_")[0] + "_mp" + ("_uniform" if name.endswith("_uniform") else "")
         else:
             base = name.split("_")[0] + "_1gpu"
-        rel = f"{r['step_tok_s'] / ours[base]['step_tok_s']:6.2f}x" if base in ours else "      -"
+        rel = f"{r['step_tok_s'] / ours[base]['step_tok_s']:6.3f}x" if base in ours else "      -"
+        hw5 = f"{r['hw5_tok_s'] / ours[base]['hw5_tok_s']:5.3f}x" if base in ours else "     -"
         peak = "/".join(f"{p:.1f}" for p in r["peak_gib"]) or "-"
+        ph = r["phase_ms"]
         print(f"{name:26s} {r['world']:5d} {r['hw5_tok_s']:10.0f} {r['hw5_epoch_time']:8.2f} "
-              f"{r['step_tok_s']:10.0f} {1000 * r['median_step_s']:8.1f} {rel:>7s} {peak:>14s}")
+              f"{r['step_tok_s']:10.0f} {1000 * r['median_step_s']:8.1f} {rel:>7s} {hw5:>6s} "
+              f"{ph['forward']:6.1f} {ph['backward']:6.1f} {ph['sync_exposed']:5.2f} {peak:>14s}")
     if anchor:
         print("anchor (PyTorch, median step):")
         for x in anchor:

@@ -35,6 +35,17 @@ if [ "$ngpu" -ge 2 ]; then
     [ $sync = per-param ] && [ "${DP_BF16_PER_PARAM:-1}" = 0 ] && continue
     run bf16_2gpu_$sync 2 "${bf16[@]}" --batch-size 32 --grad-sync $sync "${nosave[@]}"
   done
+  # The tied wte reduced as one dense tensor after backward (the default gathers its lookup rows).
+  if [ "${DP_DENSE:-1}" = 1 ]; then
+    run fp32_2gpu_bucketed_dense 2 "${fp32[@]}" --batch-size 128 --embedding-sync dense "${nosave[@]}"
+    run bf16_2gpu_bucketed_dense 2 "${bf16[@]}" --batch-size 32 --embedding-sync dense "${nosave[@]}"
+  fi
+  # Fewer NCCL CTAs: fewer SMs taken from backward's kernels while the buckets reduce
+  # (DP_CTAS="8 4": one run per value and precision).
+  for ctas in ${DP_CTAS:-}; do
+    NCCL_MAX_CTAS=$ctas NCCL_MIN_CTAS=1 run fp32_2gpu_bucketed_ctas$ctas 2 "${fp32[@]}" --batch-size 128 "${nosave[@]}"
+    NCCL_MAX_CTAS=$ctas NCCL_MIN_CTAS=1 run bf16_2gpu_bucketed_ctas$ctas 2 "${bf16[@]}" --batch-size 32 "${nosave[@]}"
+  done
   # Gradients travelling in bf16: half the bytes of the all_reduce backward cannot hide.
   [ "${DP_BF16_REDUCE:-1}" = 1 ] &&
     run bf16_2gpu_bucketed_reduce-bf16 2 "${bf16[@]}" --batch-size 32 --grad-sync bucketed --reduce-dtype bf16 "${nosave[@]}"

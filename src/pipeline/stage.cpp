@@ -97,16 +97,12 @@ void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicat
               "stage on rank " << comm.rank() << " has no gradient for the tied wte weight",
               "run the step's backward before sync_tied_gradient()");
   const int peer = holder->has_embedding() ? n - 1 : 0;
-  auto mine = w.grad().clone();
+  auto mine = w.grad();
   auto other = torch::empty_like(mine);
-  // Lower rank sends first: the same order on both sides also works with NCCL's ordered p2p.
-  if (comm.rank() < peer) {
-    comm.send(mine, peer);
-    comm.recv(other, peer);
-  } else {
-    comm.recv(other, peer);
-    comm.send(mine, peer);
-  }
+  // Both directions at once (one NCCL group: each link carries one copy, in parallel).
+  std::vector<comm::P2POp> ops{{comm::P2POp::Kind::kSend, mine, peer},
+                               {comm::P2POp::Kind::kRecv, other, peer}};
+  for (auto& work : comm.batch_isend_irecv(ops)) work->wait();
   w.mutable_grad().add_(other);  // a + b == b + a bit for bit: both copies stay identical
 }
 
