@@ -25,8 +25,9 @@ from analysis.reader import Run, RunError  # noqa: E402
 from analysis.summary import write_json  # noqa: E402
 
 OP_COLORS = {0: "#4c72b0", 1: "#dd8452", 2: "#8172b3", 3: "#937860", 4: "#da8bc3", 5: "#8c8c8c",
-             6: "#55a868"}
-OP_SHORT = {0: "F", 1: "B", 2: "send act", 3: "recv act", 4: "send grad", 5: "recv grad", 6: "opt"}
+             6: "#55a868", 7: "#c44e52"}
+OP_SHORT = {0: "F", 1: "B", 2: "send act", 3: "recv act", 4: "send grad", 5: "recv grad", 6: "opt",
+            7: "W"}
 
 
 def _require_actions(run: Run) -> Dict[str, np.ndarray]:
@@ -70,13 +71,13 @@ def gantt(run: Run, path, step: Optional[int] = None) -> Path:
         op, mb = int(a["op"][i]), int(a["microbatch"][i])
         x0 = (a["start"][i] - t0) * 1e3
         w = (a["end"][i] - a["start"][i]) * 1e3
-        compute = op in (0, 1, 6)
+        compute = op in (0, 1, 6, 7)
         y = n - 1 - rank
         h, yb = (0.6, y - 0.22) if compute else (0.18, y - 0.45)
-        later = op in (0, 1) and stage >= n  # a later stage of an interleaved rank
+        later = op in (0, 1, 7) and stage >= n  # a later stage of an interleaved rank
         ax.broken_barh([(x0, w)], (yb, h), facecolors=OP_COLORS.get(op, "black"),
                        edgecolors="white", linewidth=0.6, hatch="///" if later else None)
-        if op in (0, 1) and w > span_ms * (0.012 if v == 1 else 0.02):
+        if op in (0, 1, 7) and w > span_ms * (0.012 if v == 1 else 0.02):
             ax.text(x0 + w / 2, yb + h / 2, str(mb) if v == 1 else f"{mb}/{stage}", ha="center",
                     va="center", color="white", fontsize=8, fontweight="bold")
     names = [f"rank {r}" if v == 1 else f"rank {r}: stages " + ", ".join(str(r + c * n) for c in range(v))
@@ -128,7 +129,7 @@ def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
             name += f" @{int(a['stage'][i])}"
         events.append({
             "name": name, "cat": metrics.OP_NAMES.get(op, str(op)), "ph": "X",
-            "pid": int(a["rank"][i]), "tid": 0 if op in (0, 1, 6) else 1,
+            "pid": int(a["rank"][i]), "tid": 0 if op in (0, 1, 6, 7) else 1,
             "ts": float(a["start"][i] * 1e6), "dur": float(max(0.0, a["end"][i] - a["start"][i]) * 1e6),
             "args": {"step": int(a["step"][i]), "stage": int(a["stage"][i]),
                      "microbatch": int(a["microbatch"][i]),

@@ -85,6 +85,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
         ("schedule", po::value(&c.schedule)->default_value(c.schedule), "gpipe | 1f1b | interleaved (1F1B over --stages-per-rank stages per rank, Megatron's virtual pipeline: a smaller bubble at the same micro-batch size; --microbatches a multiple of the ranks)")
         ("stages-per-rank", po::value(&c.stages_per_rank)->default_value(c.stages_per_rank), "stages each rank holds, rank r the stages r, r + ranks, ...: 1 for gpipe and 1f1b, >= 2 for interleaved (0 = 2 there)")
         ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size")
+        ("zero-bubble", po::bool_switch(&c.zero_bubble), "split every backward into B (the input gradient the previous stage waits for) and W (the weight gradients), and run the W's in the schedule's bubbles (Zero Bubble Pipeline Parallelism, Qi et al. 2024); any --schedule")
         ("partition", po::value(&c.partition)->default_value(c.partition), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split");
     desc.add(pp);
   }
@@ -159,7 +160,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"bucket_mb", c.bucket_mb}, {"reduce_dtype", c.reduce_dtype},
           {"embedding_sync", c.embedding_sync}, {"loss_positions", c.loss_positions}, {"mode", c.mode},
           {"schedule", c.schedule}, {"microbatches", c.microbatches},
-          {"stages_per_rank", c.stages_per_rank},
+          {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
           {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};
 }
 

@@ -42,6 +42,14 @@ AutocastGuard::AutocastGuard(const torch::Device& device, bool enabled)
   at::autocast::increment_nesting();
 }
 
+bool autocast_enabled(const torch::Device& device) {
+#if GPT2P_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device.type());
+#else
+  return device.is_cuda() ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
 AutocastGuard::~AutocastGuard() {
   if (!enabled_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();

@@ -19,16 +19,24 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config)
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
 }
 
+namespace {
+// A linear layer, its weight gradient deferred when there is a store.
+torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x,
+                           const std::shared_ptr<WeightGradStore>& store) {
+  return store ? deferred_linear(x, layer->weight, layer->bias, store) : layer->forward(x);
+}
+}  // namespace
+
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  auto qkv = c_attn(x).split(c, /*dim=*/2);
+  auto qkv = apply_linear(c_attn, x, weight_grads).split(c, /*dim=*/2);
   auto heads = [&](const torch::Tensor& y) {
     return y.view({b, t, n_head_, c / n_head_}).transpose(1, 2);  // [B,H,T,D]
   };
   auto y = compat::causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout_,
                                     is_training());
   y = y.transpose(1, 2).contiguous().view({b, t, c});
-  return resid_dropout_(c_proj(y));
+  return resid_dropout_(apply_linear(c_proj, y, weight_grads));
 }
 
 MLPImpl::MLPImpl(const GPT2Config& config) {
@@ -38,7 +46,8 @@ MLPImpl::MLPImpl(const GPT2Config& config) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return dropout_(c_proj(torch::gelu(c_fc(x), "tanh")));
+  return dropout_(apply_linear(
+      c_proj, torch::gelu(apply_linear(c_fc, x, weight_grads), "tanh"), weight_grads));
 }
 
 BlockImpl::BlockImpl(const GPT2Config& config) {
@@ -135,6 +144,15 @@ void GPT2Impl::set_embedding_grad_sink(EmbeddingGradSink sink) {
   }
   sink_ = std::make_shared<EmbeddingGradSink>(std::move(sink));
   sink_anchor_ = torch::zeros({0}, wte->weight.options()).requires_grad_(true);
+}
+
+void GPT2Impl::set_weight_grad_store(std::shared_ptr<WeightGradStore> store) {
+  if (!h) return;
+  for (const auto& block : h->values()) {
+    auto* b = block->as<BlockImpl>();
+    b->attn->weight_grads = store;
+    b->mlp->weight_grads = store;
+  }
 }
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {

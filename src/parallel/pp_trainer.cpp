@@ -15,6 +15,7 @@
 #include "gpt2p/parallel/train_data.h"
 #include "gpt2p/pipeline/executor.h"
 #include "gpt2p/pipeline/layer_profile.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -215,15 +216,24 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   std::vector<std::unique_ptr<pipeline::GptStage>> stages;
   std::vector<pipeline::Stage*> stage_ptrs;
   for (auto& model : models) {
-    stages.push_back(std::make_unique<pipeline::GptStage>(
-        model, m, bf16, positions));
+    stages.push_back(std::make_unique<pipeline::GptStage>(model, m, bf16, positions,
+                                                          cfg.zero_bubble));
     stage_ptrs.push_back(stages.back().get());
   }
   pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
                                     ctx.grad_wrap_comm.get());
-  pipeline::Executor executor(stage_ptrs, transport,
-                              pipeline::make_schedule(kind, m, n, v)[static_cast<size_t>(rank)],
-                              rank, n, ctx.device);
+  const auto schedule =
+      cfg.zero_bubble
+          ? pipeline::make_zero_bubble_schedule(
+                kind, m, n, v,
+                pipeline::zero_bubble_costs(split, static_cast<int>(ctx.model_config.n_layer),
+                                            static_cast<int>(ctx.model_config.n_embd),
+                                            static_cast<int>(cfg.seq_len),
+                                            static_cast<int>(ctx.model_config.padded_vocab_size()),
+                                            loss_share))
+          : pipeline::make_schedule(kind, m, n, v);
+  pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
+                              ctx.device);
   io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"));
   recorder.set_attribute("stage", rank);
   // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n

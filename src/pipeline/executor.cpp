@@ -178,6 +178,14 @@ StepTimes Executor::run_step(long long step, double step_start) {
         spans.push_back({s, e});
         break;
       }
+      case Action::Op::kWeight: {
+        const int s = mark();
+        stage.backward_weight(a.microbatch);
+        const int e = mark();
+        backward_spans.push_back(static_cast<int>(spans.size()));  // W is backward's other half
+        spans.push_back({s, e});
+        break;
+      }
       case Action::Op::kSendGrad: {
         auto it = input_grads.find(key);
         GPT2P_CHECK(it != input_grads.end(),

@@ -15,8 +15,32 @@ namespace {
 
 using Op = Action::Op;
 
-constexpr int kNumOps = 6;
+// Op values are the op codes of timing files, so they are not contiguous: 6 (the optimizer step
+// there) names no action. Tables indexed by op_index keep an unused slot for it.
+constexpr int kNumOps = static_cast<int>(Op::kWeight) + 1;
 int op_index(Op op) { return static_cast<int>(op); }
+
+// Per-stage costs of the compute actions, resolved from SimCosts.
+struct ComputeCosts {
+  std::vector<double> forward, backward, weight;
+  // The duration of compute action `a` (F, B or W) on its stage.
+  double of(const Action& a) const {
+    if (a.op == Op::kForward) return forward[a.stage];
+    return a.op == Op::kWeight ? weight[a.stage] : backward[a.stage];
+  }
+};
+
+// Whether a rank's list splits its backwards into B and W: then the inputs a B used stay alive
+// until the W (which needs them for the weight gradients), so W, not B, frees an activation.
+bool has_weight_actions(const RankActions& list) {
+  return std::any_of(list.begin(), list.end(), [](const Action& a) { return a.op == Op::kWeight; });
+}
+
+// The change of live activations on a rank (see has_weight_actions) when `a` runs.
+int live_delta(const Action& a, bool split_backward) {
+  if (a.op == Op::kForward) return 1;
+  return a.op == (split_backward ? Op::kWeight : Op::kBackward) ? -1 : 0;
+}
 
 // (is gradient, micro-batch, from stage, to stage): what a SEND and its RECV agree on.
 using TransferKey = std::tuple<bool, int, int, int>;
@@ -47,7 +71,7 @@ std::vector<double> resolve_costs(const std::vector<double>& given, int n, doubl
   GPT2P_CHECK(
       static_cast<int>(given.size()) == n,
       "simulate: " << name << " costs have " << given.size() << " entries for " << n << " stages",
-      "give one " << name << " cost per stage, or none for the defaults (F 1, B 2)");
+      "give one " << name << " cost per stage, or none for the defaults (F 1, B 2, W 1)");
   for (size_t s = 0; s < given.size(); ++s) {
     GPT2P_CHECK(std::isfinite(given[s]) && given[s] >= 0.0,
                 "simulate: " << name << " cost of stage " << s << " is " << given[s],
@@ -76,10 +100,10 @@ namespace {
 // The NCCL models: transfers queue on streams and meet their partners there (see simulator.h).
 // Every action gets its times by fixpoint iteration over its dependencies; what never resolves is
 // a deadlock.
-SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& fwd,
-                           const std::vector<double>& bwd, double comm, bool per_direction) {
+SimResult simulate_streams(const Schedule& schedule, const ComputeCosts& cost, double comm,
+                           bool per_direction) {
   const int n = static_cast<int>(schedule.size());
-  const int n_stages = static_cast<int>(fwd.size());
+  const int n_stages = static_cast<int>(cost.forward.size());
   SimResult result;
   result.busy.assign(n, 0.0);
   result.max_live_activations.assign(n, 0);
@@ -128,7 +152,10 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
           if (end[r][k] == kUnknown && compute_known) {
             double start = compute_end;
             bool ready = true;
-            const bool needs = a.op == Op::kForward ? a.stage > 0 : a.stage < n_stages - 1;
+            // F and B wait for their receive; W only for the compute before it (its B).
+            const bool needs = a.op == Op::kForward    ? a.stage > 0
+                               : a.op == Op::kBackward ? a.stage < n_stages - 1
+                                                       : false;
             if (needs) {
               auto it = recv_at.find({a.op == Op::kBackward, a.stage, a.microbatch});
               ready = it != recv_at.end() && end[r][it->second] != kUnknown;
@@ -136,7 +163,7 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
             }
             if (ready) {
               post[r][k] = start;
-              end[r][k] = start + (a.op == Op::kForward ? fwd[a.stage] : bwd[a.stage]);
+              end[r][k] = start + cost.of(a);
               progress = true;
             }
           }
@@ -171,13 +198,14 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
   }
   for (int r = 0; r < n; ++r) {
     int live = 0;
+    const bool split = has_weight_actions(schedule[r]);
     for (size_t k = 0; k < pc[r]; ++k) {
       const Action& a = schedule[r][k];
       result.timings[r].push_back({post[r][k], end[r][k]});
       result.makespan = std::max(result.makespan, end[r][k]);
       if (!a.is_compute()) continue;
       result.busy[r] += end[r][k] - post[r][k];
-      live += a.op == Op::kForward ? 1 : -1;
+      live += live_delta(a, split);
       result.max_live_activations[r] = std::max(result.max_live_activations[r], live);
     }
     if (pc[r] == schedule[r].size()) continue;
@@ -197,13 +225,14 @@ SimResult simulate_streams(const Schedule& schedule, const std::vector<double>& 
 SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers transfers) {
   const int n = static_cast<int>(schedule.size());
   const int n_stages = count_stages(schedule);
-  const std::vector<double> fwd = resolve_costs(costs.forward, n_stages, 1.0, "forward");
-  const std::vector<double> bwd = resolve_costs(costs.backward, n_stages, 2.0, "backward");
+  const ComputeCosts cost{resolve_costs(costs.forward, n_stages, 1.0, "forward"),
+                          resolve_costs(costs.backward, n_stages, 2.0, "backward"),
+                          resolve_costs(costs.weight, n_stages, 1.0, "weight")};
   GPT2P_CHECK(std::isfinite(costs.comm) && costs.comm >= 0.0,
               "simulate: comm cost is " << costs.comm, "use a finite comm cost >= 0");
   if (transfers != Transfers::kBuffered) {
-    SimResult r = simulate_streams(schedule, fwd, bwd, costs.comm,
-                                   transfers == Transfers::kStreamPerDirection);
+    SimResult r =
+        simulate_streams(schedule, cost, costs.comm, transfers == Transfers::kStreamPerDirection);
     double busy = 0.0;
     for (double b : r.busy) busy += b;
     r.bubble_fraction = r.makespan > 0.0 ? 1.0 - busy / (n * r.makespan) : 0.0;
@@ -217,6 +246,8 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
   std::vector<size_t> pc(n, 0);
   std::vector<double> clock(n, 0.0);
   std::vector<int> live(n, 0);
+  std::vector<bool> split(n);
+  for (int r = 0; r < n; ++r) split[r] = has_weight_actions(schedule[r]);
   std::map<TransferKey, std::deque<double>> issued;  // send times not yet received
 
   bool progress = true;
@@ -228,10 +259,10 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
         const Action& a = list[pc[r]];
         ActionTiming t{clock[r], clock[r]};
         if (a.is_compute()) {
-          const double d = a.op == Op::kForward ? fwd[a.stage] : bwd[a.stage];
+          const double d = cost.of(a);  // W: no transfer to wait for, only its place in the list
           t.end = t.start + d;
           result.busy[r] += d;
-          live[r] += a.op == Op::kForward ? 1 : -1;
+          live[r] += live_delta(a, split[r]);
           result.max_live_activations[r] = std::max(result.max_live_activations[r], live[r]);
         } else if (a.is_send()) {
           issued[transfer_key(a)].push_back(clock[r]);
@@ -282,6 +313,8 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
   for (auto& stage : count) {
     for (auto& c : stage) c.assign(m, 0);
   }
+  // A schedule either splits its backwards (then every B has its W) or has no W at all.
+  const bool split_any = std::any_of(schedule.begin(), schedule.end(), has_weight_actions);
   for (int r = 0; r < R; ++r) {
     auto report = [&](size_t k, const Action& a, const std::string& what) {
       violations.push_back("rank " + std::to_string(r) + " action #" + std::to_string(k) + " '" +
@@ -291,6 +324,7 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
     const int live_limit = std::min(m, n - r);
     int live = 0;
     const RankActions& list = schedule[r];
+    const bool split = has_weight_actions(list);
     for (size_t k = 0; k < list.size(); ++k) {
       const Action& a = list[k];
       const int mb = a.microbatch;
@@ -327,7 +361,14 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
           if (options.check_communication && s < n - 1 && !happened(Op::kRecvGrad)) {
             report(k, a, "B before its RECV_B (the output gradient is not there yet)");
           }
-          --live;
+          live += live_delta(a, split);
+          break;
+        case Op::kWeight:
+          if (!happened(Op::kBackward)) {
+            report(k, a, "W before its B (the weight gradients need the B's output gradient)");
+          }
+          if (happened(Op::kWeight)) report(k, a, "a second W of this micro-batch (one per B)");
+          live += live_delta(a, split);
           break;
         case Op::kSendActivation:
         case Op::kRecvGrad:
@@ -354,7 +395,7 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
           }
           break;
       }
-      if (a.is_compute() && a.peer != -1) report(k, a, "F and B take no peer (use -1)");
+      if (a.is_compute() && a.peer != -1) report(k, a, "F, B and W take no peer (use -1)");
       ++seen[mb];
     }
   }
@@ -371,6 +412,7 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
     const Rule rules[] = {
         {Op::kForward, true, "forwarded"},
         {Op::kBackward, true, "backwarded"},
+        {Op::kWeight, split_any, "gets its weight gradients (W)"},
         {Op::kSendActivation, comm && s < n - 1, "sends its activation to the next stage"},
         {Op::kRecvGrad, comm && s < n - 1, "receives its gradient from the next stage"},
         {Op::kRecvActivation, comm && s > 0, "receives its activation from the previous stage"},

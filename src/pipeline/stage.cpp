@@ -9,13 +9,23 @@
 
 namespace gpt2p::pipeline {
 
+void Stage::backward_weight(int mb) {
+  GPT2P_FAIL("this stage computes its weight gradients in backward; the schedule has a W action "
+                 << "for micro-batch " << mb,
+             "run W actions only on stages built with split_backward");
+}
+
 GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16,
-                   model::LossPositions positions)
+                   model::LossPositions positions, bool split_backward)
     : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16),
       positions_(positions) {
   GPT2P_CHECK(n_microbatches_ >= 1,
               "a stage needs at least one micro-batch, got " << n_microbatches_,
               "pass --microbatches >= 1");
+  if (split_backward) {
+    weight_grads_ = std::make_shared<model::WeightGradStore>();
+    model_->set_weight_grad_store(weight_grads_);
+  }
 }
 
 void GptStage::set_batch(StageBatch batch) {
@@ -71,12 +81,20 @@ torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
   return loss;
 }
 
-void GptStage::backward(int /*mb*/, const torch::Tensor& output, const torch::Tensor& grad) {
+void GptStage::backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) {
   if (!grad.defined()) {
     output.backward();
   } else {
     torch::autograd::backward({output}, {grad});
   }
+  if (weight_grads_) weight_grads_->close(check_microbatch(mb));
+}
+
+void GptStage::backward_weight(int mb) {
+  GPT2P_CHECK(weight_grads_ != nullptr,
+              "W action for micro-batch " << mb << " on a stage that does not split its backward",
+              "build the stage with split_backward (pp_train --zero-bubble)");
+  weight_grads_->run(check_microbatch(mb));
 }
 
 void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm) {

@@ -12,6 +12,7 @@
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/pipeline/executor.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -71,9 +72,10 @@ struct PipelineRun {
   }
 };
 
+// zero_bubble: split backwards, W's placed by zero_bubble_schedule (schedule.h).
 PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& partition,
                           pipeline::ScheduleKind kind, int m, int per_rank = 1,
-                          int64_t rows = kBatch) {
+                          int64_t rows = kBatch, bool zero_bubble = false) {
   auto& comm = world();
   const int n = comm.size();
   std::vector<double> costs;
@@ -88,15 +90,22 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
     const auto r = split[static_cast<size_t>(comm.rank() + c * n)];
     run.models.emplace_back(config, model::LayerRange{r.begin, r.end});
     run.models.back()->reset_parameters(kSeed);
-    run.stages.push_back(std::make_unique<pipeline::GptStage>(run.models.back(), m, false));
+    run.stages.push_back(std::make_unique<pipeline::GptStage>(
+        run.models.back(), m, false, model::LossPositions::kTargets, zero_bubble));
     stages.push_back(run.stages.back().get());
   }
   // MPI calls never block, so the wrap channels may share the two communicators.
   run.transport = std::make_unique<pipeline::CommTransport>(comm, grad_comm(), &comm, &grad_comm());
+  const auto schedule =
+      zero_bubble ? pipeline::make_zero_bubble_schedule(
+                        kind, m, n, per_rank,
+                        pipeline::zero_bubble_costs(split, static_cast<int>(config.n_layer),
+                                                    static_cast<int>(config.n_embd), kSeq,
+                                                    static_cast<int>(config.padded_vocab_size()), 1))
+                  : pipeline::make_schedule(kind, m, n, per_rank);
   run.executor = std::make_unique<pipeline::Executor>(
-      stages, *run.transport,
-      pipeline::make_schedule(kind, m, n, per_rank)[static_cast<size_t>(comm.rank())], comm.rank(),
-      n, torch::kCPU);
+      stages, *run.transport, schedule[static_cast<size_t>(comm.rank())], comm.rank(), n,
+      torch::kCPU);
   return run;
 }
 
@@ -192,6 +201,36 @@ TEST(PipelineMpi, InterleavedLossAndEveryGradientMatchTheWholeModel) {
     }
   }
   EXPECT_GE(runs, 5);
+}
+
+// Zero bubble: every backward split into B and W, the W's moved into the bubbles; the sums must
+// not change (1F1B, GPipe and interleaved bases).
+TEST(PipelineMpi, ZeroBubbleLossAndEveryGradientMatchTheWholeModel) {
+  auto config = small_config();
+  config.n_layer = 12;
+  const int n = world().size();
+  constexpr int64_t kRows = 12;
+  const auto batch = random_batch(11, config.vocab_size, kRows);
+  model::GPT2 full(config);
+  full->reset_parameters(kSeed);
+  const double ref_loss = full_step(full, batch);
+  std::map<std::string, torch::Tensor> ref;
+  for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad();
+
+  for (auto kind : {pipeline::ScheduleKind::kOneFOneB, pipeline::ScheduleKind::kGPipe}) {
+    for (int m : {1, 2, 4}) {
+      SCOPED_TRACE("zero-bubble " + pipeline::to_string(kind) + " M=" + std::to_string(m));
+      auto run = make_pipeline(config, "balanced", kind, m, 1, kRows, true);
+      expect_whole_model_gradients(run, batch, ref_loss, ref);
+    }
+  }
+  for (int m : {n, 2 * n}) {
+    if (kRows % m != 0) continue;
+    SCOPED_TRACE("zero-bubble interleaved x2 M=" + std::to_string(m));
+    auto run = make_pipeline(config, "balanced", pipeline::ScheduleKind::kInterleaved, m, 2, kRows,
+                             true);
+    expect_whole_model_gradients(run, batch, ref_loss, ref);
+  }
 }
 
 TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {

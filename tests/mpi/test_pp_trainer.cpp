@@ -4,6 +4,8 @@
 // when --partition says another.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -144,6 +146,23 @@ TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   ASSERT_EQ(a.size(), 3U);
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+}
+
+TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
+  auto zb = config("zb", 3, "balanced");
+  zb.zero_bubble = true;
+  ASSERT_EQ(train_pipeline(config("plain", 3, "balanced"), topo), 0);
+  ASSERT_EQ(train_pipeline(zb, topo), 0);
+  const auto a = read_column(rank_file("zb"), "/steps/loss");
+  const auto b = read_column(rank_file("plain"), "/steps/loss");
+  ASSERT_EQ(a.size(), 3U);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+  // The timing file records the W actions (op 7), one per B.
+  const auto ops = read_column(rank_file("zb"), "/actions/op");
+  const auto count = [&](double op) { return std::count(ops.begin(), ops.end(), op); };
+  EXPECT_GT(count(7), 0);
+  EXPECT_EQ(count(7), count(1));
 }
 
 }  // namespace

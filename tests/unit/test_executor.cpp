@@ -8,6 +8,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/executor.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 
 namespace gpt2p::pipeline {
 namespace {
@@ -37,6 +38,9 @@ class FakeStage : public Stage {
     } else {
       out.backward();
     }
+  }
+  void backward_weight(int mb) override {
+    log_->push_back(std::to_string(s_) + "W" + std::to_string(mb));
   }
   torch::Tensor w() const { return w_; }
 
@@ -81,7 +85,8 @@ std::vector<std::string> expected_log(const RankActions& actions, int n_ranks) {
   for (const auto& a : actions) {
     const auto s = std::to_string(a.stage);
     if (a.is_compute()) {
-      out.push_back(s + (a.op == Action::Op::kForward ? "F" : "B") + std::to_string(a.microbatch));
+      const char* op = a.op == Action::Op::kForward ? "F" : a.op == Action::Op::kBackward ? "B" : "W";
+      out.push_back(s + op + std::to_string(a.microbatch));
     } else {
       out.push_back(std::to_string(rank_of_stage(a.stage, n_ranks)) +
                     (a.is_send() ? "SEND->" : "RECV<-") +
@@ -120,6 +125,30 @@ TEST(Executor, RunsExactlyTheScheduleOnEveryRank) {
           const int live = kind == ScheduleKind::kGPipe ? m : std::min(m, n - s);
           EXPECT_EQ(times.max_live_activations, live);
         }
+      }
+    }
+  }
+}
+
+TEST(Executor, RunsTheWActionsOfZeroBubbleSchedulesWhereTheyStand) {
+  for (int n : {2, 3}) {
+    for (int m : {2, 4}) {
+      ZeroBubbleCosts costs{std::vector<double>(static_cast<size_t>(n), 1.0),
+                            std::vector<double>(static_cast<size_t>(n), 1.0),
+                            std::vector<double>(static_cast<size_t>(n), 1.0), 0.0};
+      const auto schedule = make_zero_bubble_schedule(ScheduleKind::kOneFOneB, m, n, 1, costs);
+      for (int s = 0; s < n; ++s) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " m=" + std::to_string(m) + " stage " +
+                     std::to_string(s));
+        std::vector<std::string> log;
+        FakeStage stage(s, n, &log);
+        FakeTransport transport(s, &log);
+        Executor exec(stage, transport, schedule[static_cast<size_t>(s)], s, n, torch::kCPU);
+        const auto times = exec.run_step(0, 0.0);
+        EXPECT_EQ(log, expected_log(schedule[static_cast<size_t>(s)], n));
+        int weights = 0;
+        for (const auto& r : times.actions) weights += r.op == 7 ? 1 : 0;
+        EXPECT_EQ(weights, m) << "one W (op 7 in timing files) per micro-batch";
       }
     }
   }

@@ -10,6 +10,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/partition.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 #include "support/errors.h"
 
 namespace gpt2p::pipeline {
@@ -265,6 +266,32 @@ TEST(PartitionBalanced, ErrorsNameTheNumbersAndTheFix) {
   EXPECT_NE(msg.find("cost of layer 1 is -2"), std::string::npos) << msg;
   msg = error_of([&] { stage_costs(c, partition_uniform(11, 2)); });
   EXPECT_NE(msg.find("covers layers [0, 13) of 14"), std::string::npos) << msg;
+}
+
+TEST(ZeroBubbleCosts, BlocksSplitTheirBackwardAndTheHeadHasNoneLeft) {
+  // 2 blocks, C = 4, T = 2, V = 10: a block is 24*2*16 = 768 (linears) + 4*4*4 = 64 (attention).
+  const Partition split{{0, 2}, {2, 4}};  // embedding + h.0 | h.1 + head
+  const auto c = zero_bubble_costs(split, 2, 4, 2, 10, 0.5);
+  ASSERT_EQ(c.forward.size(), 2U);
+  EXPECT_DOUBLE_EQ(c.forward[0], 768 + 64);
+  EXPECT_DOUBLE_EQ(c.input_backward[0], 768 + 128);
+  EXPECT_DOUBLE_EQ(c.weight_backward[0], 768);
+  // The head: 3 GEMMs of 2 T C V at half the positions, all in the forward.
+  EXPECT_DOUBLE_EQ(c.forward[1], 768 + 64 + 3 * 2 * 2 * 4 * 10 * 0.5);
+  EXPECT_DOUBLE_EQ(c.input_backward[1], 768 + 128);
+  EXPECT_DOUBLE_EQ(c.weight_backward[1], 768);
+  // Forward + backward is 3 x forward for a block, as layer_costs_flops counts it.
+  const auto flops = layer_costs_flops(2, 4, 1, 2, 10);
+  EXPECT_DOUBLE_EQ(c.forward[0] + c.input_backward[0] + c.weight_backward[0], flops[1]);
+}
+
+TEST(ZeroBubbleCosts, RejectsSplitsThatDoNotCoverTheModel) {
+  const auto gap = error_of([] { zero_bubble_costs({{0, 2}, {3, 4}}, 2, 4, 2, 10, 1); });
+  EXPECT_NE(gap.find("does not continue the split at layer 2"), std::string::npos) << gap;
+  const auto short_split = error_of([] { zero_bubble_costs({{0, 2}, {2, 3}}, 2, 4, 2, 10, 1); });
+  EXPECT_NE(short_split.find("ends at layer 3 of 4"), std::string::npos) << short_split;
+  EXPECT_NE(error_of([] { zero_bubble_costs({{0, 4}}, 2, 4, 2, 10, 0); }).find("loss fraction 0"),
+            std::string::npos);
 }
 
 }  // namespace

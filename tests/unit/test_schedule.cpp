@@ -1,6 +1,7 @@
 // Pipeline schedules as data: exact small tables (laid out like the drawings) and round trips.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -121,6 +122,25 @@ TEST(Action, ParseErrorsSayWhatAndHow) {
   EXPECT_NE(error_of([] { parse_action("0F1x"); }).find("e.g. 2F0"), std::string::npos);
 }
 
+TEST(Action, WeightActionRoundTrips) {
+  EXPECT_EQ(to_string(Action{Action::Op::kWeight, 1, 3, -1}), "1W3");
+  const Action w = parse_action("1W3");
+  EXPECT_EQ(w.op, Action::Op::kWeight);
+  EXPECT_EQ(w.stage, 1);
+  EXPECT_EQ(w.microbatch, 3);
+  EXPECT_EQ(w.peer, -1);
+  EXPECT_TRUE(w.is_compute());
+  EXPECT_EQ(to_string(parse_actions("0F0 0B0 0W0 12W34")), "0F0 0B0 0W0 12W34");
+  EXPECT_NE(error_of([] { parse_action("0W"); }).find("no micro-batch number after W"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_action("0W1->1"); }).find("trailing text '->1'"),
+            std::string::npos);
+  // The form in every parse error lists all ops, W included.
+  const std::string msg = error_of([] { parse_action("0X1"); });
+  EXPECT_NE(msg.find("op one of F, B, W, SEND_F, RECV_F, SEND_B, RECV_B"), std::string::npos)
+      << msg;
+}
+
 TEST(GPipe, ForwardsThenBackwardsInTorchOrder) {
   const Schedule expected = ranks({
       "0F0 0F1 0F2 0B0 0B1 0B2",
@@ -186,6 +206,103 @@ TEST(AddCommunication, RejectsScheduleThatAlreadyCommunicates) {
   EXPECT_NE(
       error_of([] { add_communication(ranks({"1F0"}), 1); }).find("rank 0 holds '1F0' of stage 1"),
       std::string::npos);
+}
+
+TEST(AddCommunication, LeavesWeightActionsInPlace) {
+  // W needs no transfer: it keeps its place, after the SEND_B that follows its B.
+  const Schedule expected = ranks({
+      "0F0 0SEND_F0->1 0RECV_B0<-1 0B0 0W0",
+      "1RECV_F0<-0 1F0 1B0 1SEND_B0->0 1W0",
+  });
+  const Schedule compute = ranks({"0F0 0B0 0W0", "1F0 1B0 1W0"});
+  EXPECT_EQ(to_string(add_communication(compute, 2)), to_string(expected));
+}
+
+ZeroBubbleCosts zb_costs(int n, double f, double b, double w, double comm = 0.0) {
+  return ZeroBubbleCosts{std::vector<double>(n, f), std::vector<double>(n, b),
+                         std::vector<double>(n, w), comm};
+}
+
+// The smallest case, by hand. 1F1B base, F = B = W = 1, comm = 0:
+//   rank 0: 0F0 0F1 0B0 0B1          rank 1: 1F0 1B0 1F1 1B1
+// Both ranks start at 0; on equal times the lower rank goes first.
+//   t=0  rank 0: 0F0 [0,1].          rank 1: 1F0 needs 0F0 (ends 1), no W: idles, 1F0 [1,2].
+//   t=1  rank 0: 0F1 [1,2].
+//   t=2  rank 0: 0B0 needs 1B0, not placed, and no W to fill the wait: blocked.
+//        rank 1: 1B0 [2,3] (its F ended at 2); 1W0 deferred.
+//        rank 0: 0B0 can start at 3, a wait of 1 but no W yet: 0B0 [3,4]; 0W0 deferred.
+//   t=3  rank 1: 1F1 needs 0F1 (ended 2): 1F1 [3,4] at once (no wait, so no W).
+//   t=4  rank 0: 0B1 needs 1B1, not placed: an unknown wait runs the oldest W, 0W0 [4,5].
+//        rank 1: 1B1 [4,5]; its base list is done: 1W0 [5,6], 1W1 [6,7].
+//   t=5  rank 0: 0B1 [5,6] (1B1 ended 5), then 0W1 [6,7].
+// 7 time units, against (m + n - 1) (F + B + W) = 9 for the unsplit 1F1B.
+TEST(ZeroBubble, TwoStagesTwoMicroBatchesByHand) {
+  const Schedule expected = ranks({
+      "0F0 0F1 0B0 0W0 0B1 0W1",
+      "1F0 1B0 1F1 1B1 1W0 1W1",
+  });
+  EXPECT_EQ(to_string(zero_bubble_schedule(one_f_one_b_schedule(2, 2), zb_costs(2, 1, 1, 1))),
+            to_string(expected));
+}
+
+TEST(ZeroBubble, OneStageRunsEachWAfterTheLastB) {
+  // Nothing to wait for on one stage: the W's all go to the end, in the order of their B's.
+  EXPECT_EQ(to_string(zero_bubble_schedule(one_f_one_b_schedule(3, 1), zb_costs(1, 1, 1, 1))),
+            to_string(ranks({"0F0 0B0 0F1 0B1 0F2 0B2 0W0 0W1 0W2"})));
+}
+
+TEST(ZeroBubble, FillsAKnownWaitOnlyWithAWAtMostTwiceAsLong) {
+  // 1F1B on 2 stages, F = (1, 0.5), B = (1, 1.5): rank 0 runs 0F0 [0,1] 0F1 [1,2], waits for
+  // 1B0 [1.5,3], runs 0B0 [3,4] and defers 0W0. Rank 1 runs 1F1 [3,3.5] and 1B1 [3.5,5] before
+  // rank 0 (free at 4) picks again, so 0B1's wait is known: 1. A W of cost 3 would delay 0B1 by
+  // 2, more than half its cost: rank 0 idles. A W of cost 2 is exactly twice the wait: it runs.
+  const Schedule base = one_f_one_b_schedule(2, 2);
+  const auto with_w = [&](double w) {
+    return to_string(zero_bubble_schedule(base, {{1, 0.5}, {1, 1.5}, {w, w}, 0.0}));
+  };
+  EXPECT_EQ(with_w(3), to_string(ranks({"0F0 0F1 0B0 0B1 0W0 0W1", "1F0 1B0 1F1 1B1 1W0 1W1"})));
+  EXPECT_EQ(with_w(2), to_string(ranks({"0F0 0F1 0B0 0W0 0B1 0W1", "1F0 1B0 1F1 1B1 1W0 1W1"})));
+}
+
+TEST(ZeroBubble, RejectsCostsThatDoNotFitAndBasesItCannotSplit) {
+  const Schedule base = one_f_one_b_schedule(2, 2);
+  const auto fails = [&](const Schedule& b, const ZeroBubbleCosts& c, const std::string& text) {
+    const std::string msg = error_of([&] { zero_bubble_schedule(b, c); });
+    EXPECT_NE(msg.find(text), std::string::npos) << msg;
+  };
+  ZeroBubbleCosts c = zb_costs(2, 1, 1, 1);
+  c.forward = {1, 1, 1};
+  fails(base, c, "costs.forward has 3 entries (stages) for 2 ranks");
+  c = zb_costs(2, 1, 1, 1);
+  c.input_backward = {1};
+  fails(base, c, "costs.input_backward has 1 entries for 2 stages");
+  c = zb_costs(2, 1, 1, 1);
+  c.weight_backward = {};
+  fails(base, c, "costs.weight_backward has 0 entries for 2 stages");
+  c = zb_costs(2, 1, 1, 1);
+  c.weight_backward[1] = -1;
+  fails(base, c, "costs.weight_backward of stage 1 is -1");
+  c = zb_costs(2, 1, 1, 1);
+  c.forward[0] = std::nan("");
+  fails(base, c, "costs.forward of stage 0 is nan");
+  fails(base, zb_costs(2, 1, 1, 1, -0.5), "costs.comm is -0.5");
+  // Bases that are not plain F/B schedules of these stages.
+  fails(ranks({"0F0 0B0 0W0", "1F0 1B0"}), zb_costs(2, 1, 1, 1),
+        "rank 0 of the base already holds '0W0'");
+  fails(add_communication(base, 2), zb_costs(2, 1, 1, 1), "rank 0 of the base holds '0SEND_F0->1'");
+  fails(ranks({"1F0", "0F0"}), zb_costs(2, 1, 1, 1), "rank 0 holds '1F0' of stage 1 (of 2)");
+  fails(ranks({"0F0 0F0 0B0", "1F0 1B0"}), zb_costs(2, 1, 1, 1), "the base runs '0F0' twice");
+  fails(Schedule{}, zb_costs(2, 1, 1, 1), "the base schedule has no rank lists");
+  // Dependencies that can never be met: a B before its own F, a B whose next-stage B is missing.
+  fails(ranks({"0F0 0B0", "1B0 1F0"}), zb_costs(2, 1, 1, 1),
+        "rank 1 waits at '1B0' for '1F0', which rank 1 has not run yet");
+  fails(ranks({"0F0 0B0", "1F0"}), zb_costs(2, 1, 1, 1),
+        "rank 0 waits at '0B0' for '1B0', which the base schedule does not contain");
+}
+
+TEST(Channel, WeightActionIsNoTransfer) {
+  EXPECT_NE(error_of([] { channel_of(parse_action("0W0"), 2); }).find("'0W0' is no transfer"),
+            std::string::npos);
 }
 
 TEST(ScheduleKind, ParsesNames) {

@@ -37,7 +37,7 @@ Schedule ranks(const std::vector<std::string>& lines) {
 }
 
 SimCosts uniform_costs(int n, double f, double b) {
-  return SimCosts{std::vector<double>(n, f), std::vector<double>(n, b), 0.0};
+  return SimCosts{std::vector<double>(n, f), std::vector<double>(n, b), {}, 0.0};
 }
 
 // n in 1..64 with m in {1, 2, 3, n-1, n, n+1, 2n, 64}.
@@ -132,14 +132,14 @@ TEST(Simulate, UnevenStagesSlowTheWholePipeline) {
 
 TEST(Simulate, BadCostsAreErrors) {
   const Schedule s = make_schedule(ScheduleKind::kGPipe, 2, 2);
-  SimCosts wrong_size{{1.0}, {}, 0.0};
+  SimCosts wrong_size{{1.0}, {}, {}, 0.0};
   EXPECT_NE(
       error_of([&] { simulate(s, wrong_size); }).find("forward costs have 1 entries for 2 stages"),
       std::string::npos);
-  SimCosts negative{{}, {2.0, -1.0}, 0.0};
+  SimCosts negative{{}, {2.0, -1.0}, {}, 0.0};
   EXPECT_NE(error_of([&] { simulate(s, negative); }).find("backward cost of stage 1 is -1"),
             std::string::npos);
-  SimCosts bad_comm{{}, {}, -0.5};
+  SimCosts bad_comm{{}, {}, {}, -0.5};
   EXPECT_NE(error_of([&] { simulate(s, bad_comm); }).find("comm cost is -0.5"), std::string::npos);
 }
 
@@ -280,7 +280,8 @@ TEST(Simulate, StreamTransfersWaitForTheLaterPost) {
   // Stage 1 posts its receive at 0, stage 0 its send after F0 (at 1): the transfer ends at
   // 1 + comm, then 1F0 runs.
   const Schedule s = ranks({"0F0 0SEND_F0->1", "1RECV_F0<-0 1F0"});
-  const SimResult r = simulate(s, {{1.0, 1.0}, {2.0, 2.0}, 0.5}, Transfers::kStreamPerDirection);
+  const SimResult r =
+      simulate(s, {{1.0, 1.0}, {2.0, 2.0}, {}, 0.5}, Transfers::kStreamPerDirection);
   ASSERT_TRUE(r.ok) << r.deadlock_reason;
   EXPECT_DOUBLE_EQ(r.timings[0][1].start, 1.0);
   EXPECT_DOUBLE_EQ(r.timings[0][1].end, 1.5);
@@ -375,6 +376,189 @@ TEST(Rules, ComputeOnlyScheduleMissesItsCommunication) {
   const auto v = validate(gpipe_schedule(2, 2), 2, 2);
   EXPECT_TRUE(mentions(v, "rank 1 action #0 '1F0': F before its RECV_F")) << joined(v);
   EXPECT_TRUE(validate(gpipe_schedule(2, 2), 2, 2, {false, false}).empty());
+}
+
+// Zero-bubble schedules (split backwards) on 1F1B, GPipe and interleaved bases.
+
+struct SplitCosts {
+  ZeroBubbleCosts zb;
+  SimCosts split;    // B = input_backward, W = weight_backward
+  SimCosts unsplit;  // B = input_backward + weight_backward, no W
+};
+
+SplitCosts split_costs(std::vector<double> f, std::vector<double> b, std::vector<double> w,
+                       double comm) {
+  std::vector<double> whole(b.size());
+  for (size_t s = 0; s < b.size(); ++s) whole[s] = b[s] + w[s];
+  return {ZeroBubbleCosts{f, b, w, comm}, SimCosts{f, b, w, comm}, SimCosts{f, whole, {}, comm}};
+}
+
+TEST(Rules, ZeroBubbleSchedulesAreValidKeepTheBaseOrderAndBeatTheUnsplitBase) {
+  int checked = 0;
+  for (int R : {2, 3, 4}) {
+    for (int V : {1, 2}) {
+      const int n = R * V;
+      // Uniform costs, W cheaper than B, and stages that differ (the last one heaviest, as with
+      // the LM head), each with and without a transfer cost.
+      std::vector<SplitCosts> cost_sets;
+      for (double comm : {0.0, 0.25}) {
+        cost_sets.push_back(split_costs(std::vector<double>(n, 1), std::vector<double>(n, 1),
+                                        std::vector<double>(n, 1), comm));
+        cost_sets.push_back(split_costs(std::vector<double>(n, 1), std::vector<double>(n, 1.2),
+                                        std::vector<double>(n, 0.6), comm));
+        std::vector<double> f(n), b(n), w(n);
+        for (int s = 0; s < n; ++s) {
+          f[s] = 1.0 + 0.25 * s;
+          b[s] = 1.0 + 0.1 * s;
+          w[s] = 0.8 + 0.2 * (s % 2);
+        }
+        f[n - 1] += 1.0;
+        cost_sets.push_back(split_costs(f, b, w, comm));
+      }
+      for (int m : {1, 2, 4, 8}) {
+        std::vector<std::pair<std::string, Schedule>> bases;
+        if (V == 1) {
+          bases.emplace_back("1f1b", one_f_one_b_schedule(m, n));
+          bases.emplace_back("gpipe", gpipe_schedule(m, n));
+        } else if (m % R == 0) {
+          bases.emplace_back("interleaved", interleaved_schedule(m, R, V));
+        }
+        for (const auto& [name, base] : bases) {
+          for (size_t c = 0; c < cost_sets.size(); ++c) {
+            const std::string what = name + " R=" + std::to_string(R) + " V=" + std::to_string(V) +
+                                     " m=" + std::to_string(m) + " costs #" + std::to_string(c);
+            const SplitCosts& costs = cost_sets[c];
+            const Schedule zb = zero_bubble_schedule(base, costs.zb);
+            ASSERT_EQ(zb.size(), base.size()) << what;
+            for (int r = 0; r < R; ++r) {
+              // The F/B subsequence is the base list; every W follows its own B, once.
+              RankActions fb;
+              std::set<std::pair<int, int>> backwarded, weighted;
+              for (const Action& a : zb[r]) {
+                if (a.op != Action::Op::kWeight) {
+                  fb.push_back(a);
+                  if (a.op == Action::Op::kBackward) backwarded.insert({a.stage, a.microbatch});
+                  continue;
+                }
+                EXPECT_EQ(backwarded.count({a.stage, a.microbatch}), 1u) << what << " " << a;
+                EXPECT_TRUE(weighted.insert({a.stage, a.microbatch}).second) << what << " " << a;
+              }
+              EXPECT_EQ(to_string(fb), to_string(base[r])) << what << " rank " << r;
+              EXPECT_EQ(weighted, backwarded) << what << " rank " << r;
+            }
+            const Schedule with_comm = add_communication(zb, n);
+            const auto v = validate(with_comm, m, n);
+            ASSERT_TRUE(v.empty()) << what << "\n" << joined(v) << to_string(with_comm);
+            const SimResult split =
+                simulate(with_comm, costs.split, Transfers::kStreamPerDirection);
+            ASSERT_TRUE(split.ok) << what << "\n" << split.deadlock_reason;
+            EXPECT_TRUE(simulate(with_comm, costs.split).ok) << what;
+            const SimResult unsplit =
+                simulate(add_communication(base, n), costs.unsplit, Transfers::kStreamPerDirection);
+            ASSERT_TRUE(unsplit.ok) << what;
+            EXPECT_LE(split.makespan, unsplit.makespan + 1e-9) << what << "\n" << to_string(zb);
+            // The same work, only moved: busy time per rank does not change.
+            for (int r = 0; r < R; ++r) {
+              EXPECT_NEAR(split.busy[r], unsplit.busy[r], 1e-9) << what << " rank " << r;
+            }
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 150);
+}
+
+// The classic case: 1F1B on 2 stages, 4 micro-batches, F = B = W = 1. Unsplit (B + W = 2) it
+// takes (m + n - 1) (F + B + W) = 15. Split, stage 1 runs F/B back to back from 1 to 9 and its
+// four W's after, ending at 13; stage 0 fills its cool-down wait for 1B3 with 0W0 and also ends
+// at 13 instead of idling 2 units at the end.
+TEST(Simulate, ZeroBubbleFillsTheOneFOneBCooldown) {
+  const SplitCosts costs = split_costs({1, 1}, {1, 1}, {1, 1}, 0.0);
+  const Schedule base = one_f_one_b_schedule(4, 2);
+  const Schedule zb = zero_bubble_schedule(base, costs.zb);
+  const SimResult unsplit =
+      simulate(add_communication(base, 2), costs.unsplit, Transfers::kStreamPerDirection);
+  const SimResult split =
+      simulate(add_communication(zb, 2), costs.split, Transfers::kStreamPerDirection);
+  ASSERT_TRUE(split.ok) << split.deadlock_reason;
+  EXPECT_DOUBLE_EQ(unsplit.makespan, 15.0);
+  EXPECT_LT(split.makespan, unsplit.makespan) << to_string(zb);
+  EXPECT_DOUBLE_EQ(split.makespan, 13.0);
+  EXPECT_LT(split.bubble_fraction, unsplit.bubble_fraction);
+  // Rank 0 runs a W in a wait for stage 1's B before its last B.
+  const RankActions& r0 = zb[0];
+  const auto last_b = std::find(r0.begin(), r0.end(), parse_action("0B3"));
+  ASSERT_NE(last_b, r0.end());
+  EXPECT_NE(std::find(r0.begin(), last_b, parse_action("0W0")), last_b) << to_string(r0);
+}
+
+TEST(Simulate, WeightActionsCostTheirOwnTimeAndWaitForNoTransfer) {
+  // Defaults: F 1, B 2, W 1. Rank 1's W runs right after its B (it needs no receive), while
+  // rank 0 waits for 1B0's gradient.
+  const Schedule s = ranks({
+      "0F0 0SEND_F0->1 0RECV_B0<-1 0B0 0W0",
+      "1RECV_F0<-0 1F0 1B0 1SEND_B0->0 1W0",
+  });
+  for (auto transfers : {Transfers::kBuffered, Transfers::kStreamPerDirection}) {
+    const SimResult r = simulate(s, {}, transfers);
+    ASSERT_TRUE(r.ok) << r.deadlock_reason;
+    EXPECT_DOUBLE_EQ(r.timings[1][4].start, 4.0);  // 1W0 after 1B0 [2,4]
+    EXPECT_DOUBLE_EQ(r.timings[1][4].end, 5.0);
+    EXPECT_DOUBLE_EQ(r.timings[0][4].start, 6.0);  // 0W0 after 0B0 [4,6]
+    EXPECT_DOUBLE_EQ(r.makespan, 7.0);
+    EXPECT_EQ(r.busy, (std::vector<double>{4.0, 4.0}));
+    EXPECT_NEAR(r.bubble_fraction, 1.0 - 8.0 / 14.0, 1e-12);
+  }
+  SimCosts heavy_w{{}, {}, {3.0, 0.5}, 0.0};
+  const SimResult r = simulate(s, heavy_w, Transfers::kStreamPerDirection);
+  ASSERT_TRUE(r.ok) << r.deadlock_reason;
+  EXPECT_DOUBLE_EQ(r.makespan, 9.0);  // 0W0 [6,9]
+  EXPECT_EQ(r.busy, (std::vector<double>{6.0, 3.5}));
+  SimCosts wrong{{}, {}, {1.0}, 0.0};
+  EXPECT_NE(error_of([&] { simulate(s, wrong); }).find("weight costs have 1 entries for 2 stages"),
+            std::string::npos);
+  SimCosts negative{{}, {}, {1.0, -2.0}, 0.0};
+  EXPECT_NE(error_of([&] { simulate(s, negative); }).find("weight cost of stage 1 is -2"),
+            std::string::npos);
+}
+
+TEST(Simulate, WeightActionsHoldTheActivationsAlive) {
+  // With W actions an activation lives until its W: #F - #W, not #F - #B.
+  const Schedule split = ranks({"0F0 0B0 0F1 0B1 0W0 0W1"});
+  const Schedule whole = ranks({"0F0 0B0 0F1 0B1"});
+  for (auto transfers : {Transfers::kBuffered, Transfers::kStreamPerDirection}) {
+    EXPECT_EQ(simulate(split, {}, transfers).max_live_activations, std::vector<int>{2});
+    EXPECT_EQ(simulate(whole, {}, transfers).max_live_activations, std::vector<int>{1});
+  }
+  EXPECT_TRUE(validate(split, 2, 1).empty()) << joined(validate(split, 2, 1));
+  const auto v = validate(split, 2, 1, {true, true});
+  EXPECT_TRUE(mentions(v, "rank 0 action #2 '0F1': 2 activations alive; 1F1B allows at most 1"))
+      << joined(v);
+}
+
+TEST(Rules, WeightActionViolations) {
+  const auto check = [](const std::string& list, int m, const std::string& text) {
+    const auto v = validate(ranks({list}), m, 1);
+    EXPECT_TRUE(mentions(v, text)) << list << "\n" << joined(v);
+  };
+  check("0F0 0W0 0B0", 1, "rank 0 action #1 '0W0': W before its B");
+  check("0W0 0F0 0B0", 1, "rank 0 action #0 '0W0': W before its B");
+  check("0F0 0B0 0W0 0F1 0B1", 2, "stage 0: micro-batch 1 gets its weight gradients (W) 0 times");
+  check("0F0 0B0 0W0 0W0", 1, "rank 0 action #3 '0W0': a second W of this micro-batch");
+  check("0F0 0B0 0W0 0W0", 1, "stage 0: micro-batch 0 gets its weight gradients (W) 2 times");
+  // A W on one rank means every rank's B needs its W.
+  const auto v = validate(add_communication(ranks({"0F0 0B0 0W0", "1F0 1B0"}), 2), 1, 2);
+  EXPECT_TRUE(mentions(v, "stage 1: micro-batch 0 gets its weight gradients (W) 0 times"))
+      << joined(v);
+  // Valid: one W per B after it, also in a compute-only check; no W at all is valid as before.
+  EXPECT_TRUE(validate(ranks({"0F0 0B0 0F1 0B1 0W1 0W0"}), 2, 1).empty());
+  EXPECT_TRUE(
+      validate(zero_bubble_schedule(one_f_one_b_schedule(2, 2), {{1, 1}, {1, 1}, {1, 1}, 0.0}), 2,
+               2, {false, false})
+          .empty());
+  EXPECT_TRUE(validate(ranks({"0F0 0B0 0F1 0B1"}), 2, 1).empty());
 }
 
 }  // namespace

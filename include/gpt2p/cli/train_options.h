@@ -59,6 +59,7 @@ struct TrainConfig {
   std::string mode = "pipeline";  // pipeline | model_parallel
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int microbatches = 4;
+  bool zero_bubble = false;  // split backward into B and W, W's in the bubbles
   int stages_per_rank = 0;             // 0: 2 with --schedule interleaved, else 1
   std::string partition = "balanced";  // uniform | balanced | measured
 };

@@ -56,6 +56,9 @@ class AutocastGuard {
   bool previous_ = false;
 };
 
+// Whether autocast is on for `device`'s type on this thread (AutocastGuard always picks bf16).
+bool autocast_enabled(const torch::Device& device);
+
 // Whether this build has CUDA and at least one GPU is visible.
 bool cuda_available();
 // The GPU's name ("NVIDIA H200"), or "" for the CPU.

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "gpt2p/model/config.h"
+#include "gpt2p/model/deferred_linear.h"
 #include "gpt2p/model/lm_head_loss.h"
 
 namespace gpt2p::model {
@@ -33,6 +34,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
 
  private:
   int64_t n_head_;
@@ -47,6 +49,7 @@ class MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
 
  private:
   torch::nn::Dropout dropout_{nullptr};
@@ -97,6 +100,11 @@ class GPT2Impl : public torch::nn::Module {
   // the embedding's part to wte's gradient itself. An empty function restores the plain lookup.
   using EmbeddingGradSink = std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
   void set_embedding_grad_sink(EmbeddingGradSink sink);
+
+  // Zero-bubble pipelines (deferred_linear.h): with a store, the blocks' four linear layers leave
+  // their weight gradients in it instead of computing them in backward; null restores the plain
+  // layers. Embedding, LayerNorms and the head keep computing theirs in backward.
+  void set_weight_grad_store(std::shared_ptr<WeightGradStore> store);
 
   // lm_loss / lm_loss_all below, with this model's vocab_size.
   torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& labels,

@@ -6,7 +6,8 @@
 //
 // Simulation semantics:
 //  * every rank executes its list strictly in order, one action at a time;
-//  * F and B take forward[s] / backward[s] time units on stage s;
+//  * F, B and W take forward[s] / backward[s] / weight[s] time units on stage s (W: the weight
+//    gradients of a split backward, schedule.h; it needs only its own B, earlier in the list);
 //  * transfers follow one of three models (Transfers below):
 //    - kBuffered (MPI, whose sends never wait): a SEND is issued and completes at once; a RECV
 //      completes when the matching SEND (same kind, micro-batch, from, to; FIFO among equal ones)
@@ -33,7 +34,8 @@ namespace gpt2p::pipeline {
 // transfer (time from SEND to the earliest matching RECV completion).
 struct SimCosts {
   std::vector<double> forward;
-  std::vector<double> backward;
+  std::vector<double> backward;  // with W actions in the schedule: the input-gradient part (B)
+  std::vector<double> weight;    // W actions; empty means 1 on every stage
   double comm = 0.0;
 };
 
@@ -50,8 +52,10 @@ struct SimResult {
   double makespan = 0.0;        // when the last rank finished its last action
   // 1 - sum(busy) / (n_ranks * makespan); idle time of all ranks over the whole step.
   double bubble_fraction = 0.0;
-  std::vector<double> busy;               // per rank: time spent in F and B
-  std::vector<int> max_live_activations;  // per rank: max (#F done - #B done) over its list
+  std::vector<double> busy;               // per rank: time spent in F, B and W
+  // per rank: max (#F done - #B done) over its list; with W actions, #F done - #W done (the
+  // inputs a deferred W still needs stay alive until it runs)
+  std::vector<int> max_live_activations;
   // Per rank, per executed action (parallel to the schedule; shorter lists on deadlock).
   std::vector<std::vector<ActionTiming>> timings;
 };
@@ -72,6 +76,8 @@ struct ValidateOptions {
 // human-readable line each (empty = valid):
 //  * n lists; every action of list r has stage r, micro-batch in [0, m), peer -1 for F/B;
 //  * every micro-batch is forwarded and backwarded exactly once per stage, F before B;
+//  * W actions (split backwards): either none at all, or exactly one per B, after that B on the
+//    same stage;
 //  * with communication: sends and receives go to the adjacent stage in the right direction
 //    (SEND_F/RECV_B with s+1, RECV_F/SEND_B with s-1); every (kind, micro-batch, from, to) is sent
 //    exactly once and received exactly once; RECV_F before F and RECV_B before B on the stage that

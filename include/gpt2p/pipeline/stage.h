@@ -33,6 +33,10 @@ class Stage {
   // Back-propagates `output` of `mb`: output.backward() when `grad` is undefined (the loss), else
   // torch::autograd::backward({output}, {grad}). Gradients accumulate into the parameters.
   virtual void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) = 0;
+  // Zero-bubble schedules (schedule.h): backward() computed only what the previous stage waits
+  // for; this adds the weight gradients it left for `mb`. Stages that do not split their backward
+  // throw.
+  virtual void backward_weight(int mb);
 };
 
 // The tensors of one step's batch on this stage's device; a stage uses what it needs (the first
@@ -47,8 +51,11 @@ class GptStage : public Stage {
  public:
   // `model` holds this stage's layer range; the step's batch is cut into n_microbatches row blocks.
   // The last stage computes the head at `positions` (lm_head_loss.h).
+  // With split_backward, backward() leaves the blocks' weight gradients for backward_weight()
+  // (model/deferred_linear.h).
   GptStage(model::GPT2 model, int n_microbatches, bool bf16,
-           model::LossPositions positions = model::LossPositions::kTargets);
+           model::LossPositions positions = model::LossPositions::kTargets,
+           bool split_backward = false);
 
   void set_batch(StageBatch batch);
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
@@ -61,6 +68,7 @@ class GptStage : public Stage {
   torch::Tensor empty_activation(int mb) override;
   torch::Tensor forward(int mb, const torch::Tensor& input) override;
   void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) override;
+  void backward_weight(int mb) override;
 
  private:
   // mb, after checking that a batch is set and holds it (throws otherwise).
@@ -75,6 +83,7 @@ class GptStage : public Stage {
   std::vector<model::LossRows> loss_rows_;  // last stage: per micro-batch
   int64_t micro_rows_ = 0;
   torch::Tensor loss_sum_;
+  std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
 };
 
 // After backward on every rank: the first and the last stage each hold one part of the tied wte
