@@ -18,9 +18,10 @@ TABLES = ("steps", "epochs", "actions")
 RANK_FILE = re.compile(r"^rank(\d+)\.h5(\.partial)?$")
 
 
-def schedule_name(schedule: str, stages_per_rank: int = 1) -> str:
-    """"1f1b", "gpipe", or "interleaved x<V>" for V stages per rank."""
-    return f"{schedule} x{stages_per_rank}" if stages_per_rank > 1 else schedule
+def schedule_name(schedule: str, stages_per_rank: int = 1, zero_bubble: bool = False) -> str:
+    """"1f1b", "gpipe", or "interleaved x<V>" for V stages per rank; "+zb" for split backwards."""
+    name = f"{schedule} x{stages_per_rank}" if stages_per_rank > 1 else schedule
+    return name + "+zb" if zero_bubble else name
 
 
 class RunError(Exception):
@@ -85,7 +86,8 @@ class Run:
     @property
     def schedule(self) -> str:
         """The schedule's name, with the stages per rank of an interleaved one: "interleaved x2"."""
-        return schedule_name(str(self.config.get("schedule", "?")), self.stages_per_rank)
+        return schedule_name(str(self.config.get("schedule", "?")), self.stages_per_rank,
+                             bool(self.config.get("zero_bubble", False)))
 
     def label(self) -> str:
         c = self.config

@@ -74,6 +74,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("device", po::value(&f.device)->default_value(f.device), "auto | cpu | cuda: where the layers are timed")
       ("microbatches", po::value(&ms)->default_value(ms), "micro-batch counts M to predict, comma-separated (each must divide --batch-size)")
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
+      ("zero-bubble", po::bool_switch(&s.zero_bubble), "also predict every pipeline row with pp_train --zero-bubble (split backwards, W's in the bubbles)")
       ("link-gbs", po::value(&s.link_gbs)->default_value(s.link_gbs), "GB/s of one activation or gradient transfer between stages (NVLink on H200: ~250)")
       ("reps", po::value(&s.reps)->default_value(s.reps), "timed iterations per round of the layer profile")
       ("loss-fraction", po::value(&f.loss_fraction), "share of positions whose loss counts, where pp_train runs the head (its default --loss-positions targets); 1 = every position (--loss-positions all). Default: the share in --data's first --max-train-pairs pairs at --seq-len, as pp_train prints it; 1 when that file is missing")
@@ -154,11 +155,13 @@ int run(Flags f) {
                 1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block, 1e3 * t.stage);
   }
   for (const auto& note : plan.notes) std::printf("# %s\n", note.c_str());
-  std::printf("%-9s %-24s %-11s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",
+  std::printf("%-9s %-24s %-14s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",
               "V", "M", "rows", "step_ms", "speedup", "ideal", "idle");
   for (const auto& r : plan.rows) {
-    std::printf("%-9s %-24s %-11s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
-                r.split.c_str(), r.schedule == "model_parallel" ? "mp" : r.schedule.c_str(),
+    const std::string schedule =
+        r.schedule == "model_parallel" ? "mp" : r.schedule + (r.zero_bubble ? "+zb" : "");
+    std::printf("%-9s %-24s %-14s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
+                r.split.c_str(), schedule.c_str(),
                 r.stages_per_rank, r.microbatches,
                 static_cast<long long>(f.spec.batch_size / r.microbatches),
                 1e3 * r.step_s, r.speedup, r.ideal, 100.0 * r.idle);
@@ -169,13 +172,14 @@ int run(Flags f) {
     if (r.schedule != "model_parallel" && (best == nullptr || r.step_s < best->step_s)) best = &r;
   }
   if (best != nullptr) {
+    const std::string extra =
+        (best->stages_per_rank > 1 ? " --stages-per-rank " + std::to_string(best->stages_per_rank)
+                                   : std::string()) +
+        (best->zero_bubble ? " --zero-bubble" : "");
     std::printf("# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
                 "%.2fx model_parallel\n",
-                best->partition.c_str(), best->schedule.c_str(),
-                best->stages_per_rank > 1
-                    ? (" --stages-per-rank " + std::to_string(best->stages_per_rank)).c_str()
-                    : "",
-                best->microbatches, 1e3 * best->step_s, best->speedup);
+                best->partition.c_str(), best->schedule.c_str(), extra.c_str(), best->microbatches,
+                1e3 * best->step_s, best->speedup);
   }
   if (!f.json_out.empty()) {
     nlohmann::json doc = pl::to_json(plan, static_cast<int>(config.n_layer));

@@ -6,6 +6,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/partition.h"
 #include "gpt2p/pipeline/predict.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 
 namespace gpt2p::pipeline {
 
@@ -41,11 +42,15 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   const int n = spec.stages;
   // How a step of M micro-batches on V stages per rank costs beyond its layers: transfers, and
   // per stage and micro-batch what a forward + backward call costs (the profile's `stage`).
-  const auto step_model = [&](int m, int v) {
+  const double weight_share =
+      block_weight_share(static_cast<int>(config.n_embd), static_cast<int>(spec.seq_len));
+  const auto step_model = [&](int m, int v, bool zb = false) {
     StepModel model;
     model.comm = transfer(m);
     model.stages_per_rank = v;
     model.stage_overhead = plan.times.at(spec.batch_size / m).stage;
+    model.zero_bubble = zb;
+    model.block_weight_share = zb ? weight_share : 0.0;
     return model;
   };
   for (int v : spec.stages_per_rank) {
@@ -78,11 +83,14 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
       // model_parallel on the same split: the whole batch as one micro-batch.
       const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
       const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
-        const StepPrediction p = predict_step(kind, m, stages, costs[m], step_model(m, v));
-        const double mv = static_cast<double>(m) * v;
-        plan.rows.push_back({partition, to_string(stages),
-                             m == 1 ? "model_parallel" : to_string(kind), v, m, p.step, mp / p.step,
-                             n * mv / (mv + n - 1), p.bubble, p.stage_busy});
+        for (const bool zb : {false, true}) {
+          if (zb && (!spec.zero_bubble || m == 1)) continue;
+          const StepPrediction p = predict_step(kind, m, stages, costs[m], step_model(m, v, zb));
+          const double mv = static_cast<double>(m) * v;
+          plan.rows.push_back({partition, to_string(stages),
+                               m == 1 ? "model_parallel" : to_string(kind), v, zb, m, p.step,
+                               mp / p.step, n * mv / (mv + n - 1), p.bubble, p.stage_busy});
+        }
       };
       for (int v : spec.stages_per_rank) {
         if (v == 1) {
@@ -111,6 +119,7 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
                     {"split", r.split},
                     {"schedule", r.schedule},
                     {"stages_per_rank", r.stages_per_rank},
+                    {"zero_bubble", r.zero_bubble},
                     {"microbatches", r.microbatches},
                     {"step_s", r.step_s},
                     {"speedup_vs_model_parallel", r.speedup},

@@ -2,6 +2,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/simulator.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 
 namespace gpt2p::pipeline {
 
@@ -19,12 +20,25 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
   GPT2P_CHECK(model.stage_overhead >= 0.0,
               "predict_step: stage overhead " << model.stage_overhead << " < 0",
               "pass a per-stage overhead >= 0");
+  GPT2P_CHECK(model.block_weight_share >= 0.0 && model.block_weight_share < 1.0 - forward_share,
+              "predict_step: block weight share " << model.block_weight_share
+                                                  << " does not fit beside the forward's "
+                                                  << forward_share,
+              "pass the W part of a block's cost (zero_bubble.h's block_weight_share)");
   const std::vector<double> stage = stage_costs(layer_costs, partition);
+  const int n_layers = static_cast<int>(layer_costs.size());
   SimCosts costs;
-  for (double c : stage) {
-    c += model.stage_overhead;
+  for (size_t s = 0; s < stage.size(); ++s) {
+    const double c = stage[s] + model.stage_overhead;
+    double w = 0;
+    if (model.zero_bubble) {
+      for (int layer = partition[s].begin; layer < partition[s].end; ++layer) {
+        if (layer >= 1 && layer <= n_layers - 2) w += model.block_weight_share * layer_costs[layer];
+      }
+    }
     costs.forward.push_back(forward_share * c);
-    costs.backward.push_back((1.0 - forward_share) * c);
+    costs.backward.push_back((1.0 - forward_share) * c - w);
+    costs.weight.push_back(w);
   }
   costs.comm = comm;
   const int n_stages = static_cast<int>(partition.size());
@@ -33,8 +47,13 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
                                << " per rank",
               "pass a partition of ranks x stages_per_rank stages");
   const int n = n_stages / stages_per_rank;
-  const SimResult sim = simulate(make_schedule(kind, n_microbatches, n, stages_per_rank), costs,
-                                 Transfers::kStreamPerDirection);
+  const auto schedule =
+      model.zero_bubble
+          ? make_zero_bubble_schedule(
+                kind, n_microbatches, n, stages_per_rank,
+                ZeroBubbleCosts{costs.forward, costs.backward, costs.weight, costs.comm})
+          : make_schedule(kind, n_microbatches, n, stages_per_rank);
+  const SimResult sim = simulate(schedule, costs, Transfers::kStreamPerDirection);
   GPT2P_CHECK(sim.ok,
               "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
                                    << ", n = " << n << " deadlocks: " << sim.deadlock_reason,

@@ -44,6 +44,14 @@ ZeroBubbleCosts zero_bubble_costs(const Partition& split, int n_layer, int n_emb
   return costs;
 }
 
+double block_weight_share(int n_embd, int seq_len) {
+  GPT2P_CHECK(n_embd >= 1 && seq_len >= 1,
+              "block_weight_share: n_embd " << n_embd << ", seq_len " << seq_len,
+              "pass the model width and sequence length (>= 1)");
+  const double linear = 24.0 * n_embd, attention = 4.0 * seq_len;  // per T C
+  return linear / (3 * (linear + attention));
+}
+
 Schedule make_zero_bubble_schedule(ScheduleKind kind, int n_microbatches, int n_ranks,
                                    int stages_per_rank, const ZeroBubbleCosts& costs) {
   const int n_stages = n_ranks * stages_per_rank;

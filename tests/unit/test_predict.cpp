@@ -79,6 +79,28 @@ TEST(Predict, StageOverheadIsPaidPerStageAndMicroBatch) {
             std::string::npos);
 }
 
+TEST(Predict, ZeroBubbleFillsTheBubbleWithWeightGradients) {
+  for (int n : {2, 3, 4}) {
+    const auto costs = equal_stage_costs(n);
+    const auto split = partition_balanced(costs, n);
+    for (int m : {2, 4, 8}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " m=" + std::to_string(m));
+      StepModel zb;
+      zb.zero_bubble = true;
+      zb.block_weight_share = 1.0 / 3.0;  // F 1, B 1, W 1 per stage
+      const auto plain = predict_step(ScheduleKind::kOneFOneB, m, split, costs);
+      const auto split_bw = predict_step(ScheduleKind::kOneFOneB, m, split, costs, zb);
+      EXPECT_LT(split_bw.step, plain.step) << "W's fill the cool-down";
+      EXPECT_GE(split_bw.step, 3.0 * m - 1e-9) << "no faster than the busy time";
+      for (double busy : split_bw.stage_busy) EXPECT_NEAR(busy, 3.0 * m, 1e-9);
+      // With no W to move, the split changes nothing.
+      zb.block_weight_share = 0.0;
+      EXPECT_NEAR(predict_step(ScheduleKind::kOneFOneB, m, split, costs, zb).step, plain.step,
+                  1e-9);
+    }
+  }
+}
+
 TEST(Predict, BadInputSaysWhatToPass) {
   const auto costs = equal_stage_costs(2);
   const auto split = partition_balanced(costs, 2);

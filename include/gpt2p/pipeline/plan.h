@@ -28,6 +28,7 @@ struct PlanSpec {
   double link_gbs = 200;  // GB/s of one activation/gradient transfer (fp32 activations)
   int reps = 5;           // timed iterations per round of the layer profile
   double loss_fraction = 1;  // share of positions the head runs at (pp_train's data: ~0.09)
+  bool zero_bubble = false;  // also predict every pipeline row with split backwards (--zero-bubble)
 };
 
 struct PlanRow {
@@ -35,6 +36,7 @@ struct PlanRow {
   std::string split;      // "0-8|9-13"
   std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b | interleaved
   int stages_per_rank = 1;
+  bool zero_bubble = false;  // pp_train --zero-bubble
   int microbatches = 1;
   double step_s = 0;
   double speedup = 0;  // over model_parallel on the same split
@@ -58,7 +60,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
 // "predictions": [{partition, split, schedule,
-// stages_per_rank, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
+// stages_per_rank, zero_bubble, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
 // stage_busy_s}]}
 nlohmann::json to_json(const Plan& plan, int n_layer);
 
