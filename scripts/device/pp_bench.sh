@@ -7,6 +7,8 @@
 #                                            interleaved M 2 4 8
 #   uniform partition (fp32): model_parallel and 1F1B M 8  (everything else: $PP_PARTITION,
 #   default balanced; measured = balanced by the layer times pp_train measures first)
+#   Every setting also runs 1F1B M $PP_ZB_MS_1F1B (2 4 8) and interleaved M $PP_ZB_MS_INTERLEAVED
+#   (4 8) with --zero-bubble (empty lists skip them).
 #   PP_SETTINGS="fp32 bf16" picks the first two settings (hw5 runs unless PP_HW5=0); PP_EXTRA holds
 #   flags added to every run (e.g. "--dropout 0", as pp_anchor.py's model has no dropout).
 # Runs: 2 epochs (hw5: 3) over a few hundred pairs, no checkpoints. bench_table.py reports the
@@ -31,6 +33,14 @@ run() {  # name flags...
 fp32=(--epochs ${PP_EPOCHS:-2} --precision fp32 --batch-size 64 --seq-len 128 --max-train-pairs ${PP_FP32_PAIRS:-640})
 bf16=(--epochs ${PP_EPOCHS:-2} --precision bf16 --batch-size 32 --seq-len 1024 --max-train-pairs ${PP_BF16_PAIRS:-320})
 hw5=(--epochs ${PP_HW5_EPOCHS:-3} --precision fp32 --batch-size 96 --seq-len 128 --max-train-pairs ${PP_HW5_PAIRS:-960})
+# Zero bubble (--zero-bubble: split backwards, W's in the bubbles) for 1F1B and interleaved.
+zb_runs() {  # setting flags...
+  local setting=$1; shift
+  for m in ${PP_ZB_MS_1F1B-2 4 8}; do run ${setting}_1f1b-zb_m$m "$@" --schedule 1f1b --microbatches $m --zero-bubble; done
+  for m in ${PP_ZB_MS_INTERLEAVED-4 8}; do
+    run ${setting}_interleaved-zb_m$m "$@" --schedule interleaved --stages-per-rank 2 --microbatches $m --zero-bubble
+  done
+}
 for setting in ${PP_SETTINGS-fp32 bf16}; do
   declare -n flags=$setting
   run ${setting}_mp "${flags[@]}" --mode model_parallel
@@ -39,6 +49,7 @@ for setting in ${PP_SETTINGS-fp32 bf16}; do
   for m in ${PP_MS_INTERLEAVED:-2 4 8}; do
     run ${setting}_interleaved_m$m "${flags[@]}" --schedule interleaved --stages-per-rank 2 --microbatches $m
   done
+  zb_runs $setting "${flags[@]}"
 done
 if [ "${PP_HW5:-1}" = 1 ]; then
   run hw5_mp "${hw5[@]}" --mode model_parallel
@@ -47,6 +58,7 @@ if [ "${PP_HW5:-1}" = 1 ]; then
     run hw5_interleaved_m$m "${hw5[@]}" --schedule interleaved --stages-per-rank 2 --microbatches $m
   done
   [ "${PP_HW5_GPIPE:-1}" = 1 ] && run hw5_gpipe_m2 "${hw5[@]}" --schedule gpipe --microbatches 2
+  zb_runs hw5 "${hw5[@]}"
 fi
 if [ "${PP_UNIFORM:-1}" = 1 ]; then
   run fp32_mp_uniform "${fp32[@]}" --mode model_parallel --partition uniform
