@@ -50,7 +50,7 @@ if [ "$ngpu" -ge 2 ]; then
   [ "${DP_BF16_REDUCE:-1}" = 1 ] &&
     run bf16_2gpu_bucketed_reduce-bf16 2 "${bf16[@]}" --batch-size 32 --grad-sync bucketed --reduce-dtype bf16 "${nosave[@]}"
 fi
-anchor_configs="64x128xfp32,16x1024xbf16"
+anchor_configs=${DP_ANCHOR_CONFIGS:-64x128xfp32,16x1024xbf16}
 if [ "${DP_ANCHOR:-1}" = 1 ] && [ "$ngpu" -ge 2 ]; then
   CONFIGS=$anchor_configs PYTHONUNBUFFERED=1 timeout ${DP_ANCHOR_TIMEOUT:-400} python3 "$anchors/ddp_anchor.py" >"$out/ddp_anchor.jsonl" 2>"$out/ddp_anchor.err"
 elif [ "${DP_ANCHOR:-1}" = 1 ]; then

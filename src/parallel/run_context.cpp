@@ -74,14 +74,20 @@ void broadcast_parameters(model::GPT2& model, comm::Communicator& comm) {
     auto data = p.detach();
     comm.broadcast(data, 0);
   }
+  check_replicas(model, comm, "after the broadcast",
+                 "all ranks must build the same model (same --preset and overrides)");
+}
+
+void check_replicas(model::GPT2& model, comm::Communicator& comm, const std::string& when,
+                    const std::string& fix) {
   auto mine = torch::tensor({parameter_checksum(model)}, torch::TensorOptions().dtype(torch::kFloat64))
                   .to(comm.device());
   auto all = comm.all_gather(mine).cpu();
   for (int r = 0; r < comm.size(); ++r) {
     GPT2P_CHECK(all[r][0].item<double>() == all[0][0].item<double>(),
-                "parameters of rank " << r << " differ from rank 0's after the broadcast (checksum "
+                "parameters of rank " << r << " differ from rank 0's " << when << " (checksum "
                                       << all[r][0].item<double>() << " vs " << all[0][0].item<double>() << ")",
-                "all ranks must build the same model (same --preset and overrides)");
+                fix);
   }
 }
 

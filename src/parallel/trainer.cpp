@@ -169,6 +169,13 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     // HW5's per-rank line, then evaluation (not part of the training time).
     const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals, ctx.device);
     run_peak = std::max(run_peak, totals.peak_memory_bytes);
+    // Averaged gradients keep the replicas bitwise equal; a difference is a sync bug, caught here
+    // rather than as a quietly worse model.
+    if (world > 1) {
+      check_replicas(model, *ctx.comm, "at the end of epoch " + std::to_string(epoch + 1),
+                     "the data-parallel replicas diverged: rerun with --grad-sync per-param or "
+                     "--embedding-sync dense and report the run");
+    }
     model->eval();
     const auto val = validation_loss(logits_fn, data.dataset().split("validation"),
                                      cfg.max_eval_pairs, micro, cfg.seq_len, data.special(), vocab,

@@ -101,6 +101,21 @@ TEST_F(NcclTest, BroadcastAllGatherAndEmptyTensors) {
   EXPECT_EQ(nccl->all_gather(empty).sizes(), torch::IntArrayRef({world, 0}));
 }
 
+TEST_F(NcclTest, AllGatherAsyncFillsTheOutputLikeAllGather) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const torch::Tensor in = gpu(rank_values(rank, {4, 5}, dtype));
+    torch::Tensor out = torch::empty({world, 4, 5}, in.options());
+    auto work = nccl->all_gather_async(in, out);
+    work->synchronize();
+    expect_same(out, mpi->all_gather(rank_values(rank, {4, 5}, dtype)));
+  }
+  torch::Tensor wrong = gpu(torch::empty({world + 1, 2}));
+  EXPECT_NE(error_of([&] { nccl->all_gather_async(gpu(torch::ones({2})), wrong); })
+                .find("all_gather_async: output must be"),
+            std::string::npos);
+}
+
 TEST_F(NcclTest, SendRecvRing) {
   // NCCL send/recv outside a group block on the stream: rank 0 sends first, the others receive
   // first, so the ring cannot deadlock.

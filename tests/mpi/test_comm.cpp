@@ -160,6 +160,10 @@ TEST(CommChunks, EveryOperationInManyChunks) {
 
     torch::Tensor g = comm.all_gather(values(rank));
     for (int r = 0; r < world; ++r) expect_same(g[r], values(r));
+    torch::Tensor ga = torch::empty({world, shape[0]}, values(rank).options());
+    auto gw = comm.all_gather_async(values(rank), ga);
+    gw->wait();
+    for (int r = 0; r < world; ++r) expect_same(ga[r], values(r));
 
     torch::Tensor in = torch::zeros(shape, dtype);
     auto recv = comm.recv_async(in, (rank + world - 1) % world, 7);
@@ -212,6 +216,22 @@ TEST_F(CommTest, AllGatherStacksInRankOrder) {
     ASSERT_EQ(out.sizes(), torch::IntArrayRef({world, 3, 2}));
     for (int r = 0; r < world; ++r) expect_same(out[r], rank_values(r, {2, 3}, dtype).t());
   }
+}
+
+TEST_F(CommTest, AllGatherAsyncWritesTheCallersOutput) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const auto in = rank_values(rank, {2, 3}, dtype).t();  // non-contiguous input
+    torch::Tensor out = torch::empty({world, 3, 2}, in.options());
+    auto work = comm->all_gather_async(in, out);
+    work->wait();
+    for (int r = 0; r < world; ++r) expect_same(out[r], rank_values(r, {2, 3}, dtype).t());
+  }
+  torch::Tensor wrong = torch::empty({world, 5});
+  const auto msg = error_of([&] { comm->all_gather_async(torch::ones({4}), wrong); });
+  EXPECT_NE(msg.find("all_gather_async: output must be a contiguous float32 tensor of shape"),
+            std::string::npos)
+      << msg;
 }
 
 TEST_F(CommTest, SendRecvRingEveryDtype) {

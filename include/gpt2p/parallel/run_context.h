@@ -43,6 +43,9 @@ model::GPT2Config model_config_for(const cli::TrainConfig& cfg, int64_t vocab_si
 // Broadcasts every parameter from rank 0, then checks that all ranks hold the same values
 // (a float64 checksum all-gathered); throws naming the first rank that differs.
 void broadcast_parameters(model::GPT2& model, comm::Communicator& comm);
+// Throws unless every rank's parameters have rank 0's checksum; the message says `when` and `fix`.
+void check_replicas(model::GPT2& model, comm::Communicator& comm, const std::string& when,
+                    const std::string& fix);
 double parameter_checksum(model::GPT2& model);
 
 // Loads --init-from (a Hugging Face GPT-2 directory or one of our checkpoints) into `model`.
