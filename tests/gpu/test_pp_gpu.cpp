@@ -16,6 +16,7 @@
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/pipeline/executor.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -72,15 +73,18 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
   struct Case {
     pipeline::ScheduleKind kind;
     int per_rank, m;
+    bool zero_bubble = false;
   };
   const Case cases[] = {{pipeline::ScheduleKind::kGPipe, 1, 4},
                         {pipeline::ScheduleKind::kOneFOneB, 1, 4},
                         {pipeline::ScheduleKind::kInterleaved, 2, 2 * n},
-                        {pipeline::ScheduleKind::kInterleaved, 2, 4 * n}};
+                        {pipeline::ScheduleKind::kInterleaved, 2, 4 * n},
+                        {pipeline::ScheduleKind::kOneFOneB, 1, 4, true},
+                        {pipeline::ScheduleKind::kInterleaved, 2, 2 * n, true}};
   for (const auto& c : cases) {
     if (kRows % c.m != 0) continue;
     SCOPED_TRACE(pipeline::to_string(c.kind) + " x" + std::to_string(c.per_rank) +
-                 " M=" + std::to_string(c.m));
+                 " M=" + std::to_string(c.m) + (c.zero_bubble ? " zero-bubble" : ""));
     const auto split =
         parallel::stage_partition("balanced", config, n * c.per_rank, kSeq, {}, c.per_rank);
     std::vector<model::GPT2> models;
@@ -91,14 +95,21 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
       models.emplace_back(config, model::LayerRange{r.begin, r.end});
       models.back()->reset_parameters(kSeed);
       models.back()->to(device);
-      stages.push_back(std::make_unique<pipeline::GptStage>(models.back(), c.m, false));
+      stages.push_back(std::make_unique<pipeline::GptStage>(
+          models.back(), c.m, false, model::LossPositions::kTargets, c.zero_bubble));
       stages.back()->set_batch(b);
       ptrs.push_back(stages.back().get());
     }
-    pipeline::Executor executor(
-        ptrs, transport,
-        pipeline::make_schedule(c.kind, c.m, n, c.per_rank)[static_cast<size_t>(rank)], rank, n,
-        device);
+    const auto schedule =
+        c.zero_bubble
+            ? pipeline::make_zero_bubble_schedule(
+                  c.kind, c.m, n, c.per_rank,
+                  pipeline::zero_bubble_costs(split, static_cast<int>(config.n_layer),
+                                              static_cast<int>(config.n_embd), kSeq,
+                                              static_cast<int>(config.padded_vocab_size()), 1))
+            : pipeline::make_schedule(c.kind, c.m, n, c.per_rank);
+    pipeline::Executor executor(ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
+                                device);
     executor.run_step(0, 0.0);
     pipeline::sync_tied_gradient(models, *comms[0]);
     double sum = 0;
