@@ -8,6 +8,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$GPT2P_ROOT}
 export GPT2P_VOCAB_DIR=${GPT2P_VOCAB_DIR:-$GPT2P_ROOT/.cache/gpt2-vocab}
 
+# The device scripts' dataset: sets $data, preparing it once with $1/prepare_data (log in $2).
+gpt2p_device_data() {
+  data=.cache/data/ding-gpt2.h5
+  [ -s "$data" ] || "$1/prepare_data" --out "$data" >"$2/prepare_data.log" 2>&1
+}
+
 # True when PyTorch with CUDA and a GPU are here: then we build against PyTorch's libtorch.
 gpt2p_has_gpu() {
   command -v nvidia-smi >/dev/null 2>&1 &&

@@ -2,11 +2,11 @@
 # dp_train's device benchmark (issue: HW5 comparison + bf16, both sync modes) beside ddp_anchor.py.
 # usage: dp_bench.sh BUILD_DIR OUT_DIR NGPU        (called by scripts/gpu-check)
 set -uo pipefail
+source "$(dirname "$0")/../lib.sh"
 bin=$1; out=$2; ngpu=$3
 runs=$out/dp_runs; mkdir -p "$runs"
 anchors=.anchors; [ -d "$anchors" ] || anchors=../shared/anchors
-data=.cache/data/ding-gpt2.h5
-[ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
+gpt2p_device_data "$bin" "$out"
 common=(--data "$data" --epochs ${DP_EPOCHS:-3} --translate-samples 0 --max-eval-pairs 64 --log-every 1000)
 # No checkpoints, except in one run per precision below (--save-every 0: one per epoch), which
 # shows the end-of-epoch save path works on the GPU build.

@@ -8,8 +8,7 @@
 set -uo pipefail
 source "$(dirname "$0")/../lib.sh"
 bin=$1; out=$2; mkdir -p "$out"
-data=.cache/data/ding-gpt2.h5
-[ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
+gpt2p_device_data "$bin" "$out"
 table=$out/microbatch_cost.txt
 printf '%-6s %4s %5s %12s %12s %9s\n' setting M rows measured_ms predicted_ms ratio >"$table"
 # MBCOST_POSITIONS=all runs the head at every position (--loss-positions all); the default runs

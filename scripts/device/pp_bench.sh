@@ -16,11 +16,11 @@
 # the setting's model_parallel run; analysis/ takes HW5's epoch metrics from the same files.
 # usage: pp_bench.sh BUILD_DIR OUT_DIR          (called by scripts/gpu-check)
 set -uo pipefail
+source "$(dirname "$0")/../lib.sh"
 bin=$1; out=$2
 runs=$out/pp_runs; mkdir -p "$runs"
 anchors=.anchors; [ -d "$anchors" ] || anchors=../shared/anchors
-data=.cache/data/ding-gpt2.h5
-[ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
+gpt2p_device_data "$bin" "$out"
 common=(--data "$data" --translate-samples 0 --max-eval-pairs 32 --log-every 1000 --save-every -1)
 run() {  # name flags...
   local name=$1; shift

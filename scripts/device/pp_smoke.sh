@@ -4,10 +4,10 @@
 # (and 1F1B with the per-parameter AdamW, to compare with the fused one). Prints one line per run: its status and its last logged loss.
 # usage: pp_smoke.sh BUILD_DIR OUT_DIR
 set -uo pipefail
+source "$(dirname "$0")/../lib.sh"
 bin=$1; out=$2
 runs=$out/pp_smoke; mkdir -p "$runs"
-data=.cache/data/ding-gpt2.h5
-[ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
+gpt2p_device_data "$bin" "$out"
 common=(--data "$data" --epochs 1 --max-steps 6 --batch-size 64 --seq-len 128 --max-train-pairs 640
         --translate-samples 0 --max-eval-pairs 32 --log-every 1 --save-every -1)
 smoke() {  # name env flags...

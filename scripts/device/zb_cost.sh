@@ -7,8 +7,7 @@
 set -uo pipefail
 source "$(dirname "$0")/../lib.sh"
 bin=$1; out=$2; mkdir -p "$out"
-data=.cache/data/ding-gpt2.h5
-[ -s "$data" ] || "$bin/prepare_data" --out "$data" >"$out/prepare_data.log" 2>&1
+gpt2p_device_data "$bin" "$out"
 table=$out/zb_cost.txt
 printf '%-6s %4s %5s %10s %10s %7s %14s\n' setting M rows plain_ms split_ms ratio peak_GiB >"$table"
 for s in "hw5 fp32 96 128 1,4" "bf16 bf16 32 1024 2"; do

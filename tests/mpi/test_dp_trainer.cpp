@@ -66,11 +66,7 @@ TEST_F(DataParallelTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   all.loss_positions = "all";
   ASSERT_EQ(train_data_parallel(config("targets", 3), cli::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(all, cli::Program::kDataParallel, topo), 0);
-  const auto a = read_column(rank_file("targets"), "/steps/loss");
-  const auto b = read_column(rank_file("all"), "/steps/loss");
-  ASSERT_EQ(a.size(), 3U);
-  ASSERT_EQ(b.size(), a.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+  expect_same_losses("targets", "all", 3);
 }
 
 TEST_F(DataParallelTrainer, SparseAndDenseEmbeddingSyncTrainTheSame) {
@@ -80,11 +76,7 @@ TEST_F(DataParallelTrainer, SparseAndDenseEmbeddingSyncTrainTheSame) {
   sparse.embedding_sync = "sparse";
   ASSERT_EQ(train_data_parallel(sparse, cli::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(dense, cli::Program::kDataParallel, topo), 0);
-  const auto a = read_column(rank_file("sparse"), "/steps/loss");
-  const auto b = read_column(rank_file("dense"), "/steps/loss");
-  ASSERT_EQ(a.size(), 3U);
-  ASSERT_EQ(b.size(), a.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+  expect_same_losses("sparse", "dense", 3);
 }
 
 }  // namespace

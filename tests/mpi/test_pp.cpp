@@ -143,6 +143,17 @@ double full_step(model::GPT2& full, const pipeline::StageBatch& b) {
   return loss.item<double>();
 }
 
+// One step of the whole model on `batch`: its loss and every parameter's gradient, by name.
+std::pair<double, std::map<std::string, torch::Tensor>> whole_model_reference(
+    const model::GPT2Config& config, const pipeline::StageBatch& batch) {
+  model::GPT2 full(config);
+  full->reset_parameters(kSeed);
+  const double loss = full_step(full, batch);
+  std::map<std::string, torch::Tensor> grads;
+  for (const auto& p : full->named_parameters()) grads[p.key()] = p.value().grad();
+  return {loss, grads};
+}
+
 // The loss as every rank sees it: broadcast from the last stage.
 double pipeline_loss(PipelineRun& run) {
   double sum = 0;
@@ -155,11 +166,7 @@ double pipeline_loss(PipelineRun& run) {
 TEST(PipelineMpi, LossAndEveryGradientMatchTheWholeModel) {
   const auto config = small_config();
   const auto batch = random_batch(7, config.vocab_size);
-  model::GPT2 full(config);
-  full->reset_parameters(kSeed);
-  const double ref_loss = full_step(full, batch);
-  std::map<std::string, torch::Tensor> ref;
-  for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad();
+  auto [ref_loss, ref] = whole_model_reference(config, batch);
 
   for (const std::string partition : {"uniform", "balanced", "measured"}) {
     for (auto kind : {pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::kOneFOneB}) {
@@ -179,11 +186,7 @@ TEST(PipelineMpi, InterleavedLossAndEveryGradientMatchTheWholeModel) {
   const int n = world().size();
   constexpr int64_t kRows = 12;  // divisible by M = 2, 3, 4, 6
   const auto batch = random_batch(9, config.vocab_size, kRows);
-  model::GPT2 full(config);
-  full->reset_parameters(kSeed);
-  const double ref_loss = full_step(full, batch);
-  std::map<std::string, torch::Tensor> ref;
-  for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad();
+  auto [ref_loss, ref] = whole_model_reference(config, batch);
 
   int runs = 0;
   for (const std::string partition : {"uniform", "balanced", "measured"}) {
@@ -211,11 +214,7 @@ TEST(PipelineMpi, ZeroBubbleLossAndEveryGradientMatchTheWholeModel) {
   const int n = world().size();
   constexpr int64_t kRows = 12;
   const auto batch = random_batch(11, config.vocab_size, kRows);
-  model::GPT2 full(config);
-  full->reset_parameters(kSeed);
-  const double ref_loss = full_step(full, batch);
-  std::map<std::string, torch::Tensor> ref;
-  for (const auto& p : full->named_parameters()) ref[p.key()] = p.value().grad();
+  auto [ref_loss, ref] = whole_model_reference(config, batch);
 
   for (auto kind : {pipeline::ScheduleKind::kOneFOneB, pipeline::ScheduleKind::kGPipe}) {
     for (int m : {1, 2, 4}) {

@@ -141,11 +141,7 @@ TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   all.loss_positions = "all";
   ASSERT_EQ(train_pipeline(config("targets", 3, "uniform"), topo), 0);
   ASSERT_EQ(train_pipeline(all, topo), 0);
-  const auto a = read_column(rank_file("targets"), "/steps/loss");
-  const auto b = read_column(rank_file("all"), "/steps/loss");
-  ASSERT_EQ(a.size(), 3U);
-  ASSERT_EQ(b.size(), a.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+  expect_same_losses("targets", "all", 3);
 }
 
 TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
@@ -153,11 +149,7 @@ TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
   zb.zero_bubble = true;
   ASSERT_EQ(train_pipeline(config("plain", 3, "balanced"), topo), 0);
   ASSERT_EQ(train_pipeline(zb, topo), 0);
-  const auto a = read_column(rank_file("zb"), "/steps/loss");
-  const auto b = read_column(rank_file("plain"), "/steps/loss");
-  ASSERT_EQ(a.size(), 3U);
-  ASSERT_EQ(b.size(), a.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+  expect_same_losses("zb", "plain", 3);
   // The timing file records the W actions (op 7), one per B.
   const auto ops = read_column(rank_file("zb"), "/actions/op");
   const auto count = [&](double op) { return std::count(ops.begin(), ops.end(), op); };

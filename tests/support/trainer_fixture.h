@@ -113,6 +113,16 @@ class TrainerTest : public ::testing::Test {
     return dir + "/" + out + "/rank" + std::to_string(comm->rank()) + ".h5";
   }
 
+  // Runs out_a and out_b ran `steps` steps each with the same losses, step by step, within 1e-5
+  // relative: two ways of computing the same training.
+  void expect_same_losses(const std::string& out_a, const std::string& out_b, size_t steps) const {
+    const auto a = read_column(rank_file(out_a), "/steps/loss");
+    const auto b = read_column(rank_file(out_b), "/steps/loss");
+    ASSERT_EQ(a.size(), steps);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::abs(b[i])) << i;
+  }
+
   // Run "a" stopped after 2 steps with a checkpoint, "b" resumed from it for step 2, and "c" ran 3
   // steps without stopping: a's two losses and b's one continue c's within rel_tol.
   void expect_resume_continues_the_run(double rel_tol) const {

@@ -96,6 +96,19 @@ std::vector<std::string> expected_log(const RankActions& actions, int n_ranks) {
   return out;
 }
 
+// Runs `actions` as stage s of n on a fake stage and transport, expects the calls in list order,
+// and returns the step's records.
+StepTimes expect_runs_as_listed(const RankActions& actions, int s, int n, long long step,
+                                double start) {
+  std::vector<std::string> log;
+  FakeStage stage(s, n, &log);
+  FakeTransport transport(s, &log);
+  Executor exec(stage, transport, actions, s, n, torch::kCPU);
+  auto times = exec.run_step(step, start);
+  EXPECT_EQ(log, expected_log(actions, n));
+  return times;
+}
+
 TEST(Executor, RunsExactlyTheScheduleOnEveryRank) {
   for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
     for (int n : {1, 2, 3, 4}) {
@@ -104,12 +117,7 @@ TEST(Executor, RunsExactlyTheScheduleOnEveryRank) {
         for (int s = 0; s < n; ++s) {
           SCOPED_TRACE(to_string(kind) + " n=" + std::to_string(n) + " m=" + std::to_string(m) +
                        " stage " + std::to_string(s));
-          std::vector<std::string> log;
-          FakeStage stage(s, n, &log);
-          FakeTransport transport(s, &log);
-          Executor exec(stage, transport, schedule[static_cast<size_t>(s)], s, n, torch::kCPU);
-          const auto times = exec.run_step(7, 1.5);
-          EXPECT_EQ(log, expected_log(schedule[static_cast<size_t>(s)], n));
+          const auto times = expect_runs_as_listed(schedule[static_cast<size_t>(s)], s, n, 7, 1.5);
           // One record per action, in order, with its op code, micro-batch and sane times.
           ASSERT_EQ(times.actions.size(), schedule[static_cast<size_t>(s)].size());
           for (size_t i = 0; i < times.actions.size(); ++i) {
@@ -140,12 +148,7 @@ TEST(Executor, RunsTheWActionsOfZeroBubbleSchedulesWhereTheyStand) {
       for (int s = 0; s < n; ++s) {
         SCOPED_TRACE("n=" + std::to_string(n) + " m=" + std::to_string(m) + " stage " +
                      std::to_string(s));
-        std::vector<std::string> log;
-        FakeStage stage(s, n, &log);
-        FakeTransport transport(s, &log);
-        Executor exec(stage, transport, schedule[static_cast<size_t>(s)], s, n, torch::kCPU);
-        const auto times = exec.run_step(0, 0.0);
-        EXPECT_EQ(log, expected_log(schedule[static_cast<size_t>(s)], n));
+        const auto times = expect_runs_as_listed(schedule[static_cast<size_t>(s)], s, n, 0, 0.0);
         int weights = 0;
         for (const auto& r : times.actions) weights += r.op == 7 ? 1 : 0;
         EXPECT_EQ(weights, m) << "one W (op 7 in timing files) per micro-batch";
