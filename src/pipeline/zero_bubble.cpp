@@ -1,8 +1,185 @@
 #include "gpt2p/pipeline/zero_bubble.h"
 
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <sstream>
+#include <string>
+
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::pipeline {
+
+using Op = Action::Op;
+
+namespace {
+
+// The per-stage costs of zero_bubble_schedule: one finite value >= 0 per stage.
+void check_stage_costs(const std::vector<double>& costs, int n_stages, const char* name) {
+  GPT2P_CHECK(static_cast<int>(costs.size()) == n_stages,
+              "zero_bubble_schedule: costs." << name << " has " << costs.size() << " entries for "
+                                             << n_stages << " stages (the size of costs.forward)",
+              "give one " << name << " cost per stage");
+  for (size_t s = 0; s < costs.size(); ++s) {
+    GPT2P_CHECK(std::isfinite(costs[s]) && costs[s] >= 0.0,
+                "zero_bubble_schedule: costs." << name << " of stage " << s << " is " << costs[s],
+                "costs are durations: use finite values >= 0");
+  }
+}
+
+}  // namespace
+
+Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs) {
+  const int R = static_cast<int>(base.size());
+  const int n = static_cast<int>(costs.forward.size());
+  GPT2P_CHECK(R >= 1, "zero_bubble_schedule: the base schedule has no rank lists",
+              "pass one action list per rank, e.g. from one_f_one_b_schedule");
+  GPT2P_CHECK(
+      n >= R && n % R == 0,
+      "zero_bubble_schedule: costs.forward has " << n << " entries (stages) for " << R << " ranks",
+      "give one forward cost per stage; the stages are a multiple of the ranks");
+  check_stage_costs(costs.forward, n, "forward");
+  check_stage_costs(costs.input_backward, n, "input_backward");
+  check_stage_costs(costs.weight_backward, n, "weight_backward");
+  GPT2P_CHECK(std::isfinite(costs.comm) && costs.comm >= 0.0,
+              "zero_bubble_schedule: costs.comm is " << costs.comm, "use a finite comm cost >= 0");
+
+  // The base must be compute-only F/B on the right ranks, each (op, stage, micro-batch) at most
+  // once: placing an action records its end time, and a second copy would overwrite it.
+  int m = 0;
+  for (int r = 0; r < R; ++r) {
+    for (const Action& a : base[r]) {
+      GPT2P_CHECK(a.op != Op::kWeight,
+                  "zero_bubble_schedule: rank " << r << " of the base already holds '"
+                                                << to_string(a) << "'",
+                  "pass the base schedule with whole backwards (F and B only); "
+                  "zero_bubble_schedule splits every B into B and W itself");
+      GPT2P_CHECK(
+          a.is_compute(),
+          "zero_bubble_schedule: rank " << r << " of the base holds '" << to_string(a) << "'",
+          "pass a compute-only schedule and call add_communication on the result");
+      GPT2P_CHECK(a.stage >= 0 && a.stage < n && rank_of_stage(a.stage, R) == r,
+                  "zero_bubble_schedule: rank " << r << " holds '" << to_string(a) << "' of stage "
+                                                << a.stage << " (of " << n << ")",
+                  "put the actions of stage s in list number s % <ranks>, and give costs for "
+                  "every stage");
+      GPT2P_CHECK(a.microbatch >= 0,
+                  "zero_bubble_schedule: '" << to_string(a) << "' has a negative micro-batch",
+                  "number the micro-batches 0, 1, ...");
+      m = std::max(m, a.microbatch + 1);
+    }
+  }
+  // Per stage and micro-batch: how often the base holds F (B), then when the placed one ends.
+  constexpr double kUnknown = -1.0;
+  std::vector<std::vector<int>> f_count(n, std::vector<int>(m, 0)), b_count = f_count;
+  for (int r = 0; r < R; ++r) {
+    for (const Action& a : base[r]) {
+      int& c = (a.op == Op::kForward ? f_count : b_count)[a.stage][a.microbatch];
+      GPT2P_CHECK(++c == 1, "zero_bubble_schedule: the base runs '" << to_string(a) << "' twice",
+                  "run every F and B of every stage once");
+    }
+  }
+  std::vector<std::vector<double>> f_end(n, std::vector<double>(m, kUnknown)), b_end = f_end;
+
+  // The action whose end `a` waits for that is not placed yet, or `a` itself when none is: F
+  // needs the previous stage's F, B its own F and the next stage's B.
+  const auto missing = [&](const Action& a) {
+    const int s = a.stage, i = a.microbatch;
+    if (a.op == Op::kForward) {
+      return s > 0 && f_end[s - 1][i] == kUnknown ? Action{Op::kForward, s - 1, i, -1} : a;
+    }
+    if (f_end[s][i] == kUnknown) return Action{Op::kForward, s, i, -1};
+    return s < n - 1 && b_end[s + 1][i] == kUnknown ? Action{Op::kBackward, s + 1, i, -1} : a;
+  };
+  // When base action `a` can start at the earliest; kUnknown while what it needs is not placed.
+  const auto ready_time = [&](const Action& a) {
+    if (missing(a) != a) return kUnknown;
+    const int s = a.stage, i = a.microbatch;
+    if (a.op == Op::kForward) return s > 0 ? f_end[s - 1][i] + costs.comm : 0.0;
+    return s < n - 1 ? std::max(f_end[s][i], b_end[s + 1][i] + costs.comm) : f_end[s][i];
+  };
+
+  struct RankState {
+    size_t pc = 0;               // next base action
+    double now = 0.0;            // when the rank is free again
+    std::deque<Action> pending;  // deferred W's, in the order their B's ran
+  };
+  std::vector<RankState> state(R);
+  Schedule out(R);
+  for (;;) {
+    // Advance the rank that is free earliest among those that can place something now: a base
+    // action whose inputs are placed (its start is then known), or a deferred W. A rank waiting
+    // on an unplaced action with no W to fill the wait stays put until another rank places it.
+    int pick = -1;
+    bool work_left = false;
+    for (int r = 0; r < R; ++r) {
+      const RankState& rs = state[r];
+      const bool base_left = rs.pc < base[r].size();
+      if (!base_left && rs.pending.empty()) continue;
+      work_left = true;
+      const bool can_act = !rs.pending.empty() || ready_time(base[r][rs.pc]) != kUnknown;
+      if (can_act && (pick < 0 || rs.now < state[pick].now)) pick = r;
+    }
+    if (!work_left) break;
+    if (pick < 0) {
+      // Every rank with work left waits on an action no rank will ever place.
+      std::ostringstream stuck;
+      for (int r = 0; r < R; ++r) {
+        if (state[r].pc == base[r].size()) continue;
+        const Action& a = base[r][state[r].pc];
+        const Action need = missing(a);
+        const int q = rank_of_stage(need.stage, R);
+        const bool in_base =
+            (need.op == Op::kForward ? f_count : b_count)[need.stage][need.microbatch] > 0;
+        stuck << (stuck.tellp() > 0 ? "; " : "") << "rank " << r << " waits at '" << to_string(a)
+              << "' for '" << to_string(need) << "', which "
+              << (in_base ? "rank " + std::to_string(q) + " has not run yet"
+                          : std::string("the base schedule does not contain"));
+      }
+      GPT2P_FAIL("zero_bubble_schedule: the base schedule can never finish: " << stuck.str(),
+                 "pass a base schedule that runs every F and B of every stage in an order the "
+                 "ranks can follow, e.g. from one_f_one_b_schedule or interleaved_schedule");
+    }
+    RankState& rs = state[pick];
+    const auto run_oldest_w = [&] {
+      const Action w = rs.pending.front();
+      rs.pending.pop_front();
+      rs.now += costs.weight_backward[w.stage];
+      out[pick].push_back(w);
+    };
+    if (rs.pc == base[pick].size()) {
+      run_oldest_w();  // after the last base action: the rest, oldest first
+      continue;
+    }
+    const Action& a = base[pick][rs.pc];
+    const double ready = ready_time(a);
+    // Fill a wait with the oldest W when it is worth it: a W at most twice as long as the wait
+    // delays the next base action by at most half its cost. An unknown wait (the input is not
+    // even placed yet) counts as long enough.
+    if (!rs.pending.empty() &&
+        (ready == kUnknown ||
+         (ready > rs.now &&
+          ready - rs.now >= 0.5 * costs.weight_backward[rs.pending.front().stage]))) {
+      run_oldest_w();
+      continue;
+    }
+    // Here `ready` is known (a rank with an unknown wait and no W was not picked).
+    const double start = std::max(rs.now, ready);
+    const int s = a.stage, i = a.microbatch;
+    if (a.op == Op::kForward) {
+      rs.now = start + costs.forward[s];
+      f_end[s][i] = rs.now;
+    } else {
+      rs.now = start + costs.input_backward[s];
+      b_end[s][i] = rs.now;
+      rs.pending.push_back({Op::kWeight, s, i, -1});
+    }
+    out[pick].push_back(a);
+    ++rs.pc;
+  }
+  return out;
+}
+
 
 ZeroBubbleCosts zero_bubble_costs(const Partition& split, int n_layer, int n_embd, int seq_len,
                                   int vocab_size, double loss_fraction) {

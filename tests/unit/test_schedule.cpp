@@ -8,6 +8,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/schedule.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 #include "support/errors.h"
 
 namespace gpt2p::pipeline {

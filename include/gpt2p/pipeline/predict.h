@@ -23,7 +23,7 @@ struct StepModel {
   double forward_share = 1.0 / 3.0;   // of a stage's cost; backward the rest (twice the matmuls)
   int stages_per_rank = 1;            // V > 1: ScheduleKind::kInterleaved on R * V stages
   double stage_overhead = 0.0;        // per stage and micro-batch, beyond its layers
-  // Zero bubble (schedule.h): split backwards, the W's placed by zero_bubble_schedule. A block
+  // Zero bubble (zero_bubble.h): split backwards, the W's placed by zero_bubble_schedule. A block
   // layer's W is block_weight_share of its cost (zero_bubble.h: block_weight_share); other layers
   // (embedding, head) have none.
   bool zero_bubble = false;

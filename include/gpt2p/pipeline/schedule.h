@@ -20,7 +20,7 @@
 //
 //   "2F0"        stage 2, forward of micro-batch 0
 //   "1B3"        stage 1, backward of micro-batch 3 (with W actions: its input gradient only)
-//   "1W3"        stage 1, weight gradients of micro-batch 3 (zero-bubble schedules)
+//   "1W3"        stage 1, weight gradients of micro-batch 3 (zero-bubble schedules, zero_bubble.h)
 //   "0SEND_F1->1"  stage 0 sends the activation of micro-batch 1 to stage 1
 //   "1RECV_F1<-0"  stage 1 receives the activation of micro-batch 1 from stage 0
 //   "1SEND_B1->0"  stage 1 sends the input gradient of micro-batch 1 to stage 0
@@ -53,7 +53,7 @@ inline int rank_of_stage(int stage, int n_ranks) { return stage % n_ranks; }
 
 struct Action {
   // The values are the op codes of timing files (io/run_record.h); 6 there is the optimizer step.
-  // kWeight: the weight-gradient half of a backward split in two (zero_bubble_schedule below);
+  // kWeight: the weight-gradient half of a backward split in two (zero_bubble.h);
   // in a schedule that has W actions, B computes only the gradient of the stage's input.
   enum class Op {
     kForward = 0,
@@ -119,36 +119,6 @@ Schedule one_f_one_b_schedule(int n_microbatches, int n_stages);
 // (all m V when m == R), then alternates F(w + i), B(i), then the remaining backwards. The bubble
 // is (R - 1) / V stage-times instead of 1F1B's R - 1, for up to w + 1 activations alive per rank.
 Schedule interleaved_schedule(int n_microbatches, int n_ranks, int stages_per_rank);
-
-// Zero-bubble scheduling (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): every
-// backward is split into B (the gradient of the stage's input, which the previous stage waits for)
-// and W (the gradients of the stage's weights, which nobody waits for). B runs where the base
-// schedule put the backward; each W is deferred into the gaps where the rank would otherwise wait
-// for a transfer, and the rest run after the rank's last B.
-//
-// Costs per stage, in any time unit: forward, input_backward (B) and weight_backward (W) of one
-// micro-batch; comm is added to every transfer.
-struct ZeroBubbleCosts {
-  std::vector<double> forward;
-  std::vector<double> input_backward;
-  std::vector<double> weight_backward;
-  double comm = 0.0;
-};
-
-// `base`: a compute-only schedule (F and B actions, as from gpipe/1f1b/interleaved_schedule) of
-// n = costs.forward.size() stages on R = base.size() ranks. Returns it with one W per B, placed
-// by a greedy list scheduler that walks time forward over all ranks at once:
-//  * a rank runs its base actions in their order; F of stage s > 0 needs F of stage s - 1 (same
-//    micro-batch) finished plus comm, B of stage s < n - 1 needs B of stage s + 1 finished plus
-//    comm, B needs its own F; W needs its own B;
-//  * when a rank's next base action cannot start yet (its input is not ready, or comes from an
-//    action not yet placed), and the rank has deferred W's, it runs the oldest one now if the wait
-//    is at least half that W's cost (an unknown wait counts as long enough);
-//  * after its last base action a rank runs its remaining W's, oldest first.
-// The result is static (a plain schedule): the executor runs it as any other. Throws gpt2p::Error
-// for costs that do not match the stages, negative or non-finite costs, W actions already in
-// `base`, or a base schedule whose dependencies can never be met.
-Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs);
 
 // Inserts the point-to-point actions into a compute-only schedule of n stages on R =
 // compute.size() ranks (each transfer names the peer stage; ranks follow rank_of_stage):

@@ -1,5 +1,5 @@
-// Zero-bubble schedules for GPT-2 stages: the costs schedule.h's zero_bubble_schedule places the
-// W actions by, from GPT-2's FLOPs, and the full schedule an executor runs.
+// Zero-bubble schedules: the greedy placement of W actions, its costs for GPT-2 stages from GPT-2's
+// FLOPs, and the full schedule an executor runs.
 //
 // Per sequence of T tokens and width C, a transformer block's forward is 24 T C^2 (the four
 // linear layers) + 4 T^2 C (attention). Its backward is twice that: the input gradient (B) is
@@ -12,6 +12,36 @@
 #include "gpt2p/pipeline/schedule.h"
 
 namespace gpt2p::pipeline {
+
+// Zero-bubble scheduling (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): every
+// backward is split into B (the gradient of the stage's input, which the previous stage waits for)
+// and W (the gradients of the stage's weights, which nobody waits for). B runs where the base
+// schedule put the backward; each W is deferred into the gaps where the rank would otherwise wait
+// for a transfer, and the rest run after the rank's last B.
+//
+// Costs per stage, in any time unit: forward, input_backward (B) and weight_backward (W) of one
+// micro-batch; comm is added to every transfer.
+struct ZeroBubbleCosts {
+  std::vector<double> forward;
+  std::vector<double> input_backward;
+  std::vector<double> weight_backward;
+  double comm = 0.0;
+};
+
+// `base`: a compute-only schedule (F and B actions, as from gpipe/1f1b/interleaved_schedule) of
+// n = costs.forward.size() stages on R = base.size() ranks. Returns it with one W per B, placed
+// by a greedy list scheduler that walks time forward over all ranks at once:
+//  * a rank runs its base actions in their order; F of stage s > 0 needs F of stage s - 1 (same
+//    micro-batch) finished plus comm, B of stage s < n - 1 needs B of stage s + 1 finished plus
+//    comm, B needs its own F; W needs its own B;
+//  * when a rank's next base action cannot start yet (its input is not ready, or comes from an
+//    action not yet placed), and the rank has deferred W's, it runs the oldest one now if the wait
+//    is at least half that W's cost (an unknown wait counts as long enough);
+//  * after its last base action a rank runs its remaining W's, oldest first.
+// The result is static (a plain schedule): the executor runs it as any other. Throws gpt2p::Error
+// for costs that do not match the stages, negative or non-finite costs, W actions already in
+// `base`, or a base schedule whose dependencies can never be met.
+Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs);
 
 // Per-stage forward / input-backward / weight-backward FLOPs of one sequence for `split` (stages
 // in order) of a GPT-2 with n_layer blocks. Throws gpt2p::Error for a split that does not cover
