@@ -207,7 +207,8 @@ def plan_points(plan: Dict, partition: str, batch_size: int, seq_len: int, stage
             continue
         tok = tokens / p["step_s"]
         pts.append({"schedule": schedule_name(p["schedule"], int(p.get("stages_per_rank", 1)),
-                                               bool(p.get("zero_bubble", False))),
+                                               bool(p.get("zero_bubble", False)),
+                                               int(p.get("zb_extra_live", 0))),
                     "microbatches": int(p["microbatches"]), "tok_s": tok,
                     "model_parallel_tok_s": tok / p["speedup_vs_model_parallel"], "split": p["split"]})
     if not pts:

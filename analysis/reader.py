@@ -18,10 +18,17 @@ TABLES = ("steps", "epochs", "actions")
 RANK_FILE = re.compile(r"^rank(\d+)\.h5(\.partial)?$")
 
 
-def schedule_name(schedule: str, stages_per_rank: int = 1, zero_bubble: bool = False) -> str:
-    """"1f1b", "gpipe", or "interleaved x<V>" for V stages per rank; "+zb" for split backwards."""
+def schedule_name(schedule: str, stages_per_rank: int = 1, zero_bubble: bool = False,
+                  zb_extra_live: int = 0) -> str:
+    """"1f1b", "gpipe", or "interleaved x<V>" for V stages per rank; "+zb" for split backwards,
+    "+zb+K" when their W's may keep K more micro-batches alive (--zb-extra-live), "+zb+inf"
+    without a limit."""
     name = f"{schedule} x{stages_per_rank}" if stages_per_rank > 1 else schedule
-    return name + "+zb" if zero_bubble else name
+    if not zero_bubble:
+        return name
+    if zb_extra_live == 0:
+        return name + "+zb"
+    return name + ("+zb+inf" if zb_extra_live < 0 else f"+zb+{zb_extra_live}")
 
 
 class RunError(Exception):
@@ -87,7 +94,8 @@ class Run:
     def schedule(self) -> str:
         """The schedule's name, with the stages per rank of an interleaved one: "interleaved x2"."""
         return schedule_name(str(self.config.get("schedule", "?")), self.stages_per_rank,
-                             bool(self.config.get("zero_bubble", False)))
+                             bool(self.config.get("zero_bubble", False)),
+                             int(self.config.get("zb_extra_live", 0)))
 
     def label(self) -> str:
         c = self.config

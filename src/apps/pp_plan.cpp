@@ -36,7 +36,15 @@ struct Flags {
   gpt2p::pipeline::PlanSpec spec;
 };
 
-std::vector<int> parse_list(const std::string& flag, const std::string& text) {
+// "+zb" for a zero-bubble row at the base schedule's memory, "+zb+K" with K extra live
+// micro-batches, "+zb+inf" without a limit; "" for the rest.
+std::string zb_tag(const gpt2p::pipeline::PlanRow& r) {
+  if (!r.zero_bubble) return "";
+  if (r.zb_extra_live == 0) return "+zb";
+  return r.zb_extra_live < 0 ? "+zb+inf" : "+zb+" + std::to_string(r.zb_extra_live);
+}
+
+std::vector<int> parse_list(const std::string& flag, const std::string& text, int min = 1) {
   std::vector<int> out;
   std::stringstream ss(text);
   std::string item;
@@ -44,11 +52,11 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text) {
     try {
       size_t used = 0;
       const int v = std::stoi(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      if (used != item.size() || v < min) throw std::invalid_argument(item);
       out.push_back(v);
     } catch (const std::exception&) {
-      throw UsageError("--" + flag + " '" + text +
-                       "': use positive integers separated by commas, e.g. 1,2,4,8");
+      throw UsageError("--" + flag + " '" + text + "': use integers >= " + std::to_string(min) +
+                       " separated by commas, e.g. " + (min < 1 ? "0,2,-1" : "1,2,4,8"));
     }
   }
   if (out.empty()) throw UsageError("--" + flag + " is empty: give at least one value, e.g. 4");
@@ -58,7 +66,7 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text) {
 bool parse_flags(int argc, char** argv, Flags& f) {
   namespace po = gpt2p::cli::po;
   auto& s = f.spec;
-  std::string ms = "1,2,4,8,16", vs = "1,2";
+  std::string ms = "1,2,4,8,16", vs = "1,2", zbs = "0";
   po::options_description desc("pp_plan options");
   desc.add_options()
       ("preset", po::value(&f.model.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
@@ -75,6 +83,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("microbatches", po::value(&ms)->default_value(ms), "micro-batch counts M to predict, comma-separated (each must divide --batch-size)")
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
       ("zero-bubble", po::bool_switch(&s.zero_bubble), "also predict every pipeline row with pp_train --zero-bubble (split backwards, W's in the bubbles)")
+      ("zb-extra-live", po::value(&zbs)->default_value(zbs), "with --zero-bubble: pp_train --zb-extra-live values to predict, comma-separated (0 = the memory of the schedule without --zero-bubble, -1 = no limit)")
       ("link-gbs", po::value(&s.link_gbs)->default_value(s.link_gbs), "GB/s of one activation or gradient transfer between stages (NVLink on H200: ~250)")
       ("reps", po::value(&s.reps)->default_value(s.reps), "timed iterations per round of the layer profile")
       ("loss-fraction", po::value(&f.loss_fraction), "share of positions whose loss counts, where pp_train runs the head (its default --loss-positions targets); 1 = every position (--loss-positions all). Default: the share in --data's first --max-train-pairs pairs at --seq-len, as pp_train prints it; 1 when that file is missing")
@@ -90,6 +99,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   }
   s.microbatches = parse_list("microbatches", ms);
   s.stages_per_rank = parse_list("stages-per-rank", vs);
+  s.zb_extra_live = parse_list("zb-extra-live", zbs, -1);
   const bool cuda = gpt2p::compat::cuda_available();
   if (f.device == "auto") f.device = cuda ? "cuda" : "cpu";
   if (f.device != "cpu" && f.device != "cuda")
@@ -155,12 +165,11 @@ int run(Flags f) {
                 1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block, 1e3 * t.stage);
   }
   for (const auto& note : plan.notes) std::printf("# %s\n", note.c_str());
-  std::printf("%-9s %-24s %-14s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",
+  std::printf("%-9s %-24s %-18s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",
               "V", "M", "rows", "step_ms", "speedup", "ideal", "idle");
   for (const auto& r : plan.rows) {
-    const std::string schedule =
-        r.schedule == "model_parallel" ? "mp" : r.schedule + (r.zero_bubble ? "+zb" : "");
-    std::printf("%-9s %-24s %-14s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
+    const std::string schedule = r.schedule == "model_parallel" ? "mp" : r.schedule + zb_tag(r);
+    std::printf("%-9s %-24s %-18s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
                 r.split.c_str(), schedule.c_str(),
                 r.stages_per_rank, r.microbatches,
                 static_cast<long long>(f.spec.batch_size / r.microbatches),
@@ -175,7 +184,10 @@ int run(Flags f) {
     const std::string extra =
         (best->stages_per_rank > 1 ? " --stages-per-rank " + std::to_string(best->stages_per_rank)
                                    : std::string()) +
-        (best->zero_bubble ? " --zero-bubble" : "");
+        (best->zero_bubble ? " --zero-bubble" : "") +
+        (best->zero_bubble && best->zb_extra_live != 0
+             ? " --zb-extra-live " + std::to_string(best->zb_extra_live)
+             : std::string());
     std::printf("# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
                 "%.2fx model_parallel\n",
                 best->partition.c_str(), best->schedule.c_str(), extra.c_str(), best->microbatches,

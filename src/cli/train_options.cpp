@@ -86,6 +86,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
         ("stages-per-rank", po::value(&c.stages_per_rank)->default_value(c.stages_per_rank), "stages each rank holds, rank r the stages r, r + ranks, ...: 1 for gpipe and 1f1b, >= 2 for interleaved (0 = 2 there)")
         ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size")
         ("zero-bubble", po::bool_switch(&c.zero_bubble), "split every backward into B (the input gradient the previous stage waits for) and W (the weight gradients), and run the W's in the schedule's bubbles (Zero Bubble Pipeline Parallelism, Qi et al. 2024); any --schedule")
+        ("zb-extra-live", po::value(&c.zb_extra_live)->default_value(c.zb_extra_live), "with --zero-bubble: micro-batches a rank may keep alive beyond the peak of the schedule without it, so that their W's can wait longer for a bubble (a waiting W keeps its blocks' linear inputs and output gradients). 0 = the memory of the schedule without --zero-bubble (ZB-H1); -1 = no limit")
         ("partition", po::value(&c.partition)->default_value(c.partition), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split");
     desc.add(pp);
   }
@@ -129,6 +130,9 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require_one_of("embedding-sync", c.embedding_sync, {"sparse", "dense"});
   require_one_of("loss-positions", c.loss_positions, {"targets", "all"});
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
+  require(c.zb_extra_live >= -1,
+          "--zb-extra-live " + std::to_string(c.zb_extra_live) +
+              ": use 0 (the memory of the schedule without --zero-bubble), more, or -1 (no limit)");
   require_one_of("mode", c.mode, {"pipeline", "model_parallel"});
   require_one_of("schedule", c.schedule, {"gpipe", "1f1b", "interleaved"});
   if (c.mode == "model_parallel" && c.schedule == "interleaved") {
@@ -161,6 +165,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"embedding_sync", c.embedding_sync}, {"loss_positions", c.loss_positions}, {"mode", c.mode},
           {"schedule", c.schedule}, {"microbatches", c.microbatches},
           {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
+          {"zb_extra_live", c.zb_extra_live},
           {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};
 }
 

@@ -230,7 +230,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                                             static_cast<int>(ctx.model_config.n_embd),
                                             static_cast<int>(cfg.seq_len),
                                             static_cast<int>(ctx.model_config.padded_vocab_size()),
-                                            loss_share))
+                                            loss_share),
+                cfg.zb_extra_live)
           : pipeline::make_schedule(kind, m, n, v);
   pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
                               ctx.device);

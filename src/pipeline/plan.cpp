@@ -44,17 +44,28 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   // per stage and micro-batch what a forward + backward call costs (the profile's `stage`).
   const double weight_share =
       block_weight_share(static_cast<int>(config.n_embd), static_cast<int>(spec.seq_len));
-  const auto step_model = [&](int m, int v, bool zb = false) {
+  const auto step_model = [&](int m, int v, bool zb = false, int extra_live = 0) {
     StepModel model;
     model.comm = transfer(m);
     model.stages_per_rank = v;
     model.stage_overhead = plan.times.at(spec.batch_size / m).stage;
     model.zero_bubble = zb;
     model.block_weight_share = zb ? weight_share : 0.0;
+    model.zb_extra_live = extra_live;
     return model;
   };
   for (int v : spec.stages_per_rank) {
     GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
+  }
+  for (int k : spec.zb_extra_live) {
+    GPT2P_CHECK(k >= 0 || k == kNoLiveLimit,
+                "pp_plan: zero-bubble extra live micro-batches " << k,
+                "use 0 or more, or " << kNoLiveLimit << " for no limit");
+  }
+  // The variants predicted per pipeline row: unsplit, then each zero-bubble memory allowance.
+  std::vector<std::optional<int>> variants{std::nullopt};
+  if (spec.zero_bubble) {
+    for (int k : spec.zb_extra_live) variants.emplace_back(k);
   }
   // The split of each partition into n x v stages: uniform and balanced cut the same way for
   // every M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
@@ -83,13 +94,15 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
       // model_parallel on the same split: the whole batch as one micro-batch.
       const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
       const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
-        for (const bool zb : {false, true}) {
-          if (zb && (!spec.zero_bubble || m == 1)) continue;
-          const StepPrediction p = predict_step(kind, m, stages, costs[m], step_model(m, v, zb));
+        for (const std::optional<int>& zb : variants) {
+          if (zb && m == 1) continue;
+          const StepPrediction p = predict_step(kind, m, stages, costs[m],
+                                                step_model(m, v, zb.has_value(), zb.value_or(0)));
           const double mv = static_cast<double>(m) * v;
           plan.rows.push_back({partition, to_string(stages),
-                               m == 1 ? "model_parallel" : to_string(kind), v, zb, m, p.step,
-                               mp / p.step, n * mv / (mv + n - 1), p.bubble, p.stage_busy});
+                               m == 1 ? "model_parallel" : to_string(kind), v, zb.has_value(),
+                               zb.value_or(0), m, p.step, mp / p.step, n * mv / (mv + n - 1),
+                               p.bubble, p.stage_busy});
         }
       };
       for (int v : spec.stages_per_rank) {
@@ -120,6 +133,7 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
                     {"schedule", r.schedule},
                     {"stages_per_rank", r.stages_per_rank},
                     {"zero_bubble", r.zero_bubble},
+                    {"zb_extra_live", r.zb_extra_live},
                     {"microbatches", r.microbatches},
                     {"step_s", r.step_s},
                     {"speedup_vs_model_parallel", r.speedup},

@@ -51,7 +51,8 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
       model.zero_bubble
           ? make_zero_bubble_schedule(
                 kind, n_microbatches, n, stages_per_rank,
-                ZeroBubbleCosts{costs.forward, costs.backward, costs.weight, costs.comm})
+                ZeroBubbleCosts{costs.forward, costs.backward, costs.weight, costs.comm},
+                model.zb_extra_live)
           : make_schedule(kind, n_microbatches, n, stages_per_rank);
   const SimResult sim = simulate(schedule, costs, Transfers::kStreamPerDirection);
   GPT2P_CHECK(sim.ok,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -29,7 +30,24 @@ void check_stage_costs(const std::vector<double>& costs, int n_stages, const cha
 
 }  // namespace
 
-Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs) {
+std::vector<int> peak_live(const Schedule& schedule) {
+  std::vector<int> peaks;
+  for (const RankActions& actions : schedule) {
+    // An F makes its micro-batch live; its W frees it, or its B when the list has no W's.
+    const bool split = std::any_of(actions.begin(), actions.end(),
+                                   [](const Action& a) { return a.op == Op::kWeight; });
+    int live = 0, peak = 0;
+    for (const Action& a : actions) {
+      if (a.op == Op::kForward) peak = std::max(peak, ++live);
+      if (a.op == (split ? Op::kWeight : Op::kBackward)) --live;
+    }
+    peaks.push_back(peak);
+  }
+  return peaks;
+}
+
+Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs,
+                              int extra_live) {
   const int R = static_cast<int>(base.size());
   const int n = static_cast<int>(costs.forward.size());
   GPT2P_CHECK(R >= 1, "zero_bubble_schedule: the base schedule has no rank lists",
@@ -43,6 +61,9 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
   check_stage_costs(costs.weight_backward, n, "weight_backward");
   GPT2P_CHECK(std::isfinite(costs.comm) && costs.comm >= 0.0,
               "zero_bubble_schedule: costs.comm is " << costs.comm, "use a finite comm cost >= 0");
+  GPT2P_CHECK(extra_live >= 0 || extra_live == kNoLiveLimit,
+              "zero_bubble_schedule: extra_live is " << extra_live,
+              "use 0 (the base schedule's memory), more micro-batches, or kNoLiveLimit (-1)");
 
   // The base must be compute-only F/B on the right ranks, each (op, stage, micro-batch) at most
   // once: placing an action records its end time, and a second copy would overwrite it.
@@ -103,8 +124,13 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
     size_t pc = 0;               // next base action
     double now = 0.0;            // when the rank is free again
     std::deque<Action> pending;  // deferred W's, in the order their B's ran
+    int live = 0;                // micro-batches between their F and their W
   };
   std::vector<RankState> state(R);
+  const std::vector<int> base_peak = peak_live(base);
+  const int max_live = extra_live == kNoLiveLimit
+                           ? std::numeric_limits<int>::max()
+                           : *std::max_element(base_peak.begin(), base_peak.end()) + extra_live;
   Schedule out(R);
   for (;;) {
     // Advance the rank that is free earliest among those that can place something now: a base
@@ -142,9 +168,13 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
     }
     RankState& rs = state[pick];
     const auto run_oldest_w = [&] {
+      GPT2P_CHECK(!rs.pending.empty(),
+                  "zero_bubble_schedule: rank " << pick << " has no W to run at action " << rs.pc,
+                  "report this: the memory bound left a rank without a W to run");
       const Action w = rs.pending.front();
       rs.pending.pop_front();
       rs.now += costs.weight_backward[w.stage];
+      --rs.live;
       out[pick].push_back(w);
     };
     if (rs.pc == base[pick].size()) {
@@ -152,6 +182,12 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
       continue;
     }
     const Action& a = base[pick][rs.pc];
+    // An F that would hold more micro-batches than allowed waits for the oldest W. There is one:
+    // the base holds at most its peak between F and B here, and W's not run yet make up the rest.
+    if (a.op == Op::kForward && rs.live >= max_live) {
+      run_oldest_w();
+      continue;
+    }
     const double ready = ready_time(a);
     // Fill a wait with the oldest W when it is worth it: a W at most twice as long as the wait
     // delays the next base action by at most half its cost. An unknown wait (the input is not
@@ -169,6 +205,7 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
     if (a.op == Op::kForward) {
       rs.now = start + costs.forward[s];
       f_end[s][i] = rs.now;
+      ++rs.live;
     } else {
       rs.now = start + costs.input_backward[s];
       b_end[s][i] = rs.now;
@@ -230,7 +267,8 @@ double block_weight_share(int n_embd, int seq_len) {
 }
 
 Schedule make_zero_bubble_schedule(ScheduleKind kind, int n_microbatches, int n_ranks,
-                                   int stages_per_rank, const ZeroBubbleCosts& costs) {
+                                   int stages_per_rank, const ZeroBubbleCosts& costs,
+                                   int extra_live) {
   const int n_stages = n_ranks * stages_per_rank;
   Schedule base;
   switch (kind) {
@@ -247,7 +285,7 @@ Schedule make_zero_bubble_schedule(ScheduleKind kind, int n_microbatches, int n_
   GPT2P_CHECK(kind == ScheduleKind::kInterleaved || stages_per_rank == 1,
               to_string(kind) << " runs one stage per rank, not " << stages_per_rank,
               "use --schedule interleaved for several stages per rank");
-  return add_communication(zero_bubble_schedule(base, costs), n_stages);
+  return add_communication(zero_bubble_schedule(base, costs, extra_live), n_stages);
 }
 
 }  // namespace gpt2p::pipeline

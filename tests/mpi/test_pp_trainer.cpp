@@ -147,9 +147,14 @@ TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
 TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
   auto zb = config("zb", 3, "balanced");
   zb.zero_bubble = true;
+  auto zb_inf = config("zb_inf", 3, "balanced");  // every W as late as it helps: another order
+  zb_inf.zero_bubble = true;
+  zb_inf.zb_extra_live = -1;
   ASSERT_EQ(train_pipeline(config("plain", 3, "balanced"), topo), 0);
   ASSERT_EQ(train_pipeline(zb, topo), 0);
+  ASSERT_EQ(train_pipeline(zb_inf, topo), 0);
   expect_same_losses("zb", "plain", 3);
+  expect_same_losses("zb_inf", "plain", 3);
   // The timing file records the W actions (op 7), one per B.
   const auto ops = read_column(rank_file("zb"), "/actions/op");
   const auto count = [&](double op) { return std::count(ops.begin(), ops.end(), op); };

@@ -89,6 +89,17 @@ TEST(TrainOptions, PipelineFlagsOnlyOnPpTrain) {
   EXPECT_EQ(mp.microbatches, 1);
 }
 
+TEST(TrainOptions, ZeroBubbleMemoryAllowance) {
+  EXPECT_EQ(parse({"--zero-bubble"}, Program::kPipeline).zb_extra_live, 0);
+  EXPECT_EQ(parse({"--zero-bubble", "--zb-extra-live", "-1"}, Program::kPipeline).zb_extra_live,
+            -1);
+  const auto two = parse({"--zero-bubble", "--zb-extra-live", "2"}, Program::kPipeline);
+  EXPECT_EQ(gpt2p::cli::to_json(two)["zb_extra_live"], 2);
+  EXPECT_NE(usage_error({"--zero-bubble", "--zb-extra-live", "-2"}, Program::kPipeline)
+                .find("--zb-extra-live -2: use 0"),
+            std::string::npos);
+}
+
 TEST(TrainOptions, StagesPerRankGoWithTheInterleavedSchedule) {
   EXPECT_EQ(parse({}, Program::kPipeline).stages_per_rank, 1);
   EXPECT_EQ(parse({"--schedule", "interleaved"}, Program::kPipeline).stages_per_rank, 2);

@@ -224,7 +224,7 @@ ZeroBubbleCosts zb_costs(int n, double f, double b, double w, double comm = 0.0)
                          std::vector<double>(n, w), comm};
 }
 
-// The smallest case, by hand. 1F1B base, F = B = W = 1, comm = 0:
+// The smallest case, by hand, without a memory limit. 1F1B base, F = B = W = 1, comm = 0:
 //   rank 0: 0F0 0F1 0B0 0B1          rank 1: 1F0 1B0 1F1 1B1
 // Both ranks start at 0; on equal times the lower rank goes first.
 //   t=0  rank 0: 0F0 [0,1].          rank 1: 1F0 needs 0F0 (ends 1), no W: idles, 1F0 [1,2].
@@ -242,14 +242,44 @@ TEST(ZeroBubble, TwoStagesTwoMicroBatchesByHand) {
       "0F0 0F1 0B0 0W0 0B1 0W1",
       "1F0 1B0 1F1 1B1 1W0 1W1",
   });
-  EXPECT_EQ(to_string(zero_bubble_schedule(one_f_one_b_schedule(2, 2), zb_costs(2, 1, 1, 1))),
+  EXPECT_EQ(to_string(zero_bubble_schedule(one_f_one_b_schedule(2, 2), zb_costs(2, 1, 1, 1),
+                                           kNoLiveLimit)),
             to_string(expected));
 }
 
-TEST(ZeroBubble, OneStageRunsEachWAfterTheLastB) {
-  // Nothing to wait for on one stage: the W's all go to the end, in the order of their B's.
-  EXPECT_EQ(to_string(zero_bubble_schedule(one_f_one_b_schedule(3, 1), zb_costs(1, 1, 1, 1))),
+// At the base's memory (the default) the limit is the base's busiest rank: 1F1B holds 2
+// micro-batches on rank 0 and 1 on rank 1, so rank 1 may hold 2 as well. Here nothing holds more,
+// and the schedule is the one above.
+TEST(ZeroBubble, TwoStagesTwoMicroBatchesAtTheBaseMemory) {
+  const Schedule zb = zero_bubble_schedule(one_f_one_b_schedule(2, 2), zb_costs(2, 1, 1, 1));
+  EXPECT_EQ(peak_live(one_f_one_b_schedule(2, 2)), (std::vector<int>{2, 1}));
+  EXPECT_EQ(peak_live(zb), (std::vector<int>{2, 2}));
+  EXPECT_EQ(to_string(zb), to_string(zero_bubble_schedule(one_f_one_b_schedule(2, 2),
+                                                          zb_costs(2, 1, 1, 1), kNoLiveLimit)));
+}
+
+TEST(ZeroBubble, OneStageDefersAsItsMemoryAllows) {
+  const Schedule base = one_f_one_b_schedule(3, 1);
+  const auto costs = zb_costs(1, 1, 1, 1);
+  // Nothing to wait for on one stage. At the base's memory (1 live micro-batch) every W runs
+  // before the next F; each extra one lets one more W wait; without a limit all go to the end,
+  // in the order of their B's.
+  EXPECT_EQ(to_string(zero_bubble_schedule(base, costs)),
+            to_string(ranks({"0F0 0B0 0W0 0F1 0B1 0W1 0F2 0B2 0W2"})));
+  EXPECT_EQ(to_string(zero_bubble_schedule(base, costs, 1)),
+            to_string(ranks({"0F0 0B0 0F1 0B1 0W0 0F2 0B2 0W1 0W2"})));
+  EXPECT_EQ(to_string(zero_bubble_schedule(base, costs, kNoLiveLimit)),
             to_string(ranks({"0F0 0B0 0F1 0B1 0F2 0B2 0W0 0W1 0W2"})));
+  EXPECT_EQ(peak_live(zero_bubble_schedule(base, costs, 1)), std::vector<int>{2});
+  EXPECT_EQ(peak_live(zero_bubble_schedule(base, costs, kNoLiveLimit)), std::vector<int>{3});
+}
+
+TEST(ZeroBubble, PeakLiveCountsFromFToWOrToBWithoutWs) {
+  EXPECT_EQ(peak_live(gpipe_schedule(4, 2)), (std::vector<int>{4, 4}));
+  EXPECT_EQ(peak_live(one_f_one_b_schedule(4, 3)), (std::vector<int>{3, 2, 1}));
+  EXPECT_EQ(peak_live(ranks({"0F0 0B0 0F1 0B1 0W0 0W1"})), std::vector<int>{2});
+  EXPECT_EQ(peak_live(ranks({"0F0 0F1 0B0 0B1"})), std::vector<int>{2});
+  EXPECT_EQ(peak_live(Schedule(2)), (std::vector<int>{0, 0}));
 }
 
 TEST(ZeroBubble, FillsAKnownWaitOnlyWithAWAtMostTwiceAsLong) {
@@ -259,7 +289,7 @@ TEST(ZeroBubble, FillsAKnownWaitOnlyWithAWAtMostTwiceAsLong) {
   // 2, more than half its cost: rank 0 idles. A W of cost 2 is exactly twice the wait: it runs.
   const Schedule base = one_f_one_b_schedule(2, 2);
   const auto with_w = [&](double w) {
-    return to_string(zero_bubble_schedule(base, {{1, 0.5}, {1, 1.5}, {w, w}, 0.0}));
+    return to_string(zero_bubble_schedule(base, {{1, 0.5}, {1, 1.5}, {w, w}, 0.0}, kNoLiveLimit));
   };
   EXPECT_EQ(with_w(3), to_string(ranks({"0F0 0F1 0B0 0B1 0W0 0W1", "1F0 1B0 1F1 1B1 1W0 1W1"})));
   EXPECT_EQ(with_w(2), to_string(ranks({"0F0 0F1 0B0 0W0 0B1 0W1", "1F0 1B0 1F1 1B1 1W0 1W1"})));
@@ -294,6 +324,9 @@ TEST(ZeroBubble, RejectsCostsThatDoNotFitAndBasesItCannotSplit) {
   fails(ranks({"1F0", "0F0"}), zb_costs(2, 1, 1, 1), "rank 0 holds '1F0' of stage 1 (of 2)");
   fails(ranks({"0F0 0F0 0B0", "1F0 1B0"}), zb_costs(2, 1, 1, 1), "the base runs '0F0' twice");
   fails(Schedule{}, zb_costs(2, 1, 1, 1), "the base schedule has no rank lists");
+  EXPECT_NE(error_of([&] { zero_bubble_schedule(base, zb_costs(2, 1, 1, 1), -2); })
+                .find("extra_live is -2"),
+            std::string::npos);
   // Dependencies that can never be met: a B before its own F, a B whose next-stage B is missing.
   fails(ranks({"0F0 0B0", "1B0 1F0"}), zb_costs(2, 1, 1, 1),
         "rank 1 waits at '1B0' for '1F0', which rank 1 has not run yet");

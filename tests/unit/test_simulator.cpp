@@ -425,11 +425,14 @@ TEST(Rules, ZeroBubbleSchedulesAreValidKeepTheBaseOrderAndBeatTheUnsplitBase) {
           bases.emplace_back("interleaved", interleaved_schedule(m, R, V));
         }
         for (const auto& [name, base] : bases) {
-          for (size_t c = 0; c < cost_sets.size(); ++c) {
+          for (size_t c = 0; c < cost_sets.size() * 3; ++c) {
+            // Each cost set at the base's memory, one extra live micro-batch, and no limit.
+            const int extra = std::vector<int>{0, 1, kNoLiveLimit}[c % 3];
             const std::string what = name + " R=" + std::to_string(R) + " V=" + std::to_string(V) +
-                                     " m=" + std::to_string(m) + " costs #" + std::to_string(c);
-            const SplitCosts& costs = cost_sets[c];
-            const Schedule zb = zero_bubble_schedule(base, costs.zb);
+                                     " m=" + std::to_string(m) + " costs #" +
+                                     std::to_string(c / 3) + " extra_live " + std::to_string(extra);
+            const SplitCosts& costs = cost_sets[c / 3];
+            const Schedule zb = zero_bubble_schedule(base, costs.zb, extra);
             ASSERT_EQ(zb.size(), base.size()) << what;
             for (int r = 0; r < R; ++r) {
               // The F/B subsequence is the base list; every W follows its own B, once.
@@ -454,6 +457,14 @@ TEST(Rules, ZeroBubbleSchedulesAreValidKeepTheBaseOrderAndBeatTheUnsplitBase) {
                 simulate(with_comm, costs.split, Transfers::kStreamPerDirection);
             ASSERT_TRUE(split.ok) << what << "\n" << split.deadlock_reason;
             EXPECT_TRUE(simulate(with_comm, costs.split).ok) << what;
+            // Memory: what the simulator counts live, within the peak of the base's busiest rank
+            // + extra_live.
+            const std::vector<int> peak = peak_live(zb), base_peak = peak_live(base);
+            EXPECT_EQ(split.max_live_activations, peak) << what;
+            const int base_max = *std::max_element(base_peak.begin(), base_peak.end());
+            for (int r = 0; r < R && extra != kNoLiveLimit; ++r) {
+              EXPECT_LE(peak[r], base_max + extra) << what << " rank " << r;
+            }
             const SimResult unsplit =
                 simulate(add_communication(base, n), costs.unsplit, Transfers::kStreamPerDirection);
             ASSERT_TRUE(unsplit.ok) << what;
@@ -468,7 +479,7 @@ TEST(Rules, ZeroBubbleSchedulesAreValidKeepTheBaseOrderAndBeatTheUnsplitBase) {
       }
     }
   }
-  EXPECT_GT(checked, 150);
+  EXPECT_GT(checked, 450);
 }
 
 // The classic case: 1F1B on 2 stages, 4 micro-batches, F = B = W = 1. Unsplit (B + W = 2) it
@@ -478,7 +489,7 @@ TEST(Rules, ZeroBubbleSchedulesAreValidKeepTheBaseOrderAndBeatTheUnsplitBase) {
 TEST(Simulate, ZeroBubbleFillsTheOneFOneBCooldown) {
   const SplitCosts costs = split_costs({1, 1}, {1, 1}, {1, 1}, 0.0);
   const Schedule base = one_f_one_b_schedule(4, 2);
-  const Schedule zb = zero_bubble_schedule(base, costs.zb);
+  const Schedule zb = zero_bubble_schedule(base, costs.zb, kNoLiveLimit);
   const SimResult unsplit =
       simulate(add_communication(base, 2), costs.unsplit, Transfers::kStreamPerDirection);
   const SimResult split =
@@ -493,6 +504,26 @@ TEST(Simulate, ZeroBubbleFillsTheOneFOneBCooldown) {
   const auto last_b = std::find(r0.begin(), r0.end(), parse_action("0B3"));
   ASSERT_NE(last_b, r0.end());
   EXPECT_NE(std::find(r0.begin(), last_b, parse_action("0W0")), last_b) << to_string(r0);
+}
+
+// The same at 1F1B's peak memory (the default), as ZB-H1: no rank holds more than 1F1B's first
+// stage (2 micro-batches). Stage 1 now runs a W before each F beyond its second instead of all
+// four at the end. The step is as short as without a limit, which holds 4 on both stages.
+TEST(Simulate, ZeroBubbleAtTheBaseMemoryKeepsTheGain) {
+  const SplitCosts costs = split_costs({1, 1}, {1, 1}, {1, 1}, 0.0);
+  const Schedule base = one_f_one_b_schedule(4, 2);
+  const Schedule zb = zero_bubble_schedule(base, costs.zb);
+  EXPECT_EQ(to_string(zb[1]), "1F0 1B0 1F1 1B1 1W0 1F2 1B2 1W1 1F3 1B3 1W2 1W3");
+  const SimResult split =
+      simulate(add_communication(zb, 2), costs.split, Transfers::kStreamPerDirection);
+  ASSERT_TRUE(split.ok) << split.deadlock_reason;
+  EXPECT_EQ(split.max_live_activations, (std::vector<int>{2, 2})) << to_string(zb);
+  EXPECT_DOUBLE_EQ(split.makespan, 13.0) << to_string(zb);
+  const SimResult unlimited = simulate(add_communication(zero_bubble_schedule(base, costs.zb,
+                                                                              kNoLiveLimit), 2),
+                                       costs.split, Transfers::kStreamPerDirection);
+  EXPECT_DOUBLE_EQ(unlimited.makespan, 13.0);
+  EXPECT_EQ(unlimited.max_live_activations, (std::vector<int>{4, 4}));
 }
 
 TEST(Simulate, WeightActionsCostTheirOwnTimeAndWaitForNoTransfer) {

@@ -60,6 +60,7 @@ struct TrainConfig {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int microbatches = 4;
   bool zero_bubble = false;  // split backward into B and W, W's in the bubbles
+  int zb_extra_live = 0;     // micro-batches beyond the base schedule's peak a W may keep (-1: any)
   int stages_per_rank = 0;             // 0: 2 with --schedule interleaved, else 1
   std::string partition = "balanced";  // uniform | balanced | measured
 };

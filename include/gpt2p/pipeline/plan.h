@@ -29,6 +29,9 @@ struct PlanSpec {
   int reps = 5;           // timed iterations per round of the layer profile
   double loss_fraction = 1;  // share of positions the head runs at (pp_train's data: ~0.09)
   bool zero_bubble = false;  // also predict every pipeline row with split backwards (--zero-bubble)
+  // With zero_bubble: the memory allowances to predict, each a pp_train --zb-extra-live (0: the
+  // base schedule's memory; zero_bubble.h's kNoLiveLimit: none).
+  std::vector<int> zb_extra_live{0};
 };
 
 struct PlanRow {
@@ -37,6 +40,7 @@ struct PlanRow {
   std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b | interleaved
   int stages_per_rank = 1;
   bool zero_bubble = false;  // pp_train --zero-bubble
+  int zb_extra_live = 0;     // pp_train --zb-extra-live (with zero_bubble)
   int microbatches = 1;
   double step_s = 0;
   double speedup = 0;  // over model_parallel on the same split
@@ -60,7 +64,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
 // "predictions": [{partition, split, schedule,
-// stages_per_rank, zero_bubble, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
+// stages_per_rank, zero_bubble, zb_extra_live, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
 // stage_busy_s}]}
 nlohmann::json to_json(const Plan& plan, int n_layer);
 

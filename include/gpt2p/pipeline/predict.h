@@ -28,6 +28,7 @@ struct StepModel {
   // (embedding, head) have none.
   bool zero_bubble = false;
   double block_weight_share = 0.0;
+  int zb_extra_live = 0;  // zero_bubble_schedule's extra_live (0: the base's memory)
 };
 
 // `layer_costs`: forward + backward cost of ONE micro-batch per layer (partition.h numbering), in

@@ -37,11 +37,23 @@ struct ZeroBubbleCosts {
 //  * when a rank's next base action cannot start yet (its input is not ready, or comes from an
 //    action not yet placed), and the rank has deferred W's, it runs the oldest one now if the wait
 //    is at least half that W's cost (an unknown wait counts as long enough);
-//  * after its last base action a rank runs its remaining W's, oldest first.
+//  * after its last base action a rank runs its remaining W's, oldest first;
+//  * memory: a deferred W keeps its micro-batch's layer inputs and output gradients alive. No
+//    rank holds more micro-batches between their F and their W than the unsplit base's busiest
+//    rank holds between F and B (1F1B: the first, with n), plus extra_live; when an F would pass
+//    that, the oldest W runs first. extra_live = 0 (the default) keeps the base's peak memory,
+//    as Qi et al.'s ZB-H1 keeps 1F1B's: one stage then defers nothing. kNoLiveLimit lets every
+//    W wait as long as it helps (on one stage, all go to the end).
 // The result is static (a plain schedule): the executor runs it as any other. Throws gpt2p::Error
 // for costs that do not match the stages, negative or non-finite costs, W actions already in
 // `base`, or a base schedule whose dependencies can never be met.
-Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs);
+constexpr int kNoLiveLimit = -1;
+Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs,
+                              int extra_live = 0);
+
+// Per rank: the most micro-batches (summed over its stages) the schedule holds alive at once,
+// from their F to their W, or to their B where it has no W's.
+std::vector<int> peak_live(const Schedule& schedule);
 
 // Per-stage forward / input-backward / weight-backward FLOPs of one sequence for `split` (stages
 // in order) of a GPT-2 with n_layer blocks. Throws gpt2p::Error for a split that does not cover
@@ -54,8 +66,10 @@ ZeroBubbleCosts zero_bubble_costs(const Partition& split, int n_layer, int n_emb
 double block_weight_share(int n_embd, int seq_len);
 
 // make_schedule(kind, ...) with every backward split and its W's placed by zero_bubble_schedule
-// at `costs` (one entry per stage of n_ranks x stages_per_rank), communication added.
+// at `costs` (one entry per stage of n_ranks x stages_per_rank) and `extra_live`, communication
+// added.
 Schedule make_zero_bubble_schedule(ScheduleKind kind, int n_microbatches, int n_ranks,
-                                   int stages_per_rank, const ZeroBubbleCosts& costs);
+                                   int stages_per_rank, const ZeroBubbleCosts& costs,
+                                   int extra_live = 0);
 
 }  // namespace gpt2p::pipeline
