@@ -111,7 +111,7 @@ torch::Tensor deferred_linear(const torch::Tensor& x, const torch::Tensor& weigh
                               const torch::Tensor& bias,
                               const std::shared_ptr<WeightGradStore>& store) {
   GPT2P_CHECK(store != nullptr, "deferred_linear without a weight-gradient store",
-              "use torch::nn::functional::linear when the weight gradient is not deferred");
+              "use torch::linear when the weight gradient is not deferred");
   return DeferredLinear::apply(x, weight, bias, store);
 }
 

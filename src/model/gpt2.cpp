@@ -20,10 +20,15 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPT2Config& config)
 }
 
 namespace {
-// A linear layer, its weight gradient deferred when there is a store.
+// A linear layer, its weight gradient deferred when there is a store. Not layer->forward(x): the
+// C++ frontend's functional linear runs a [B,T,C] input as matmul, then adds the bias in a
+// separate pass over the output. ATen's linear folds it into one GEMM with the bias in its
+// epilogue, as PyTorch's Python does. On one H200 the separate pass cost 5.5 ms of a 17.4 ms
+// forward at 16 x 1024 tokens in bf16 (results/2026-12-01-h200-session7/).
 torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x,
                            const std::shared_ptr<WeightGradStore>& store) {
-  return store ? deferred_linear(x, layer->weight, layer->bias, store) : layer->forward(x);
+  return store ? deferred_linear(x, layer->weight, layer->bias, store)
+               : torch::linear(x, layer->weight, layer->bias);
 }
 }  // namespace
 
@@ -157,7 +162,7 @@ void GPT2Impl::set_weight_grad_store(std::shared_ptr<WeightGradStore> store) {
 
 torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
   const auto hidden = features(x);
-  return has_head() ? F::linear(hidden, wte->weight) : hidden;
+  return has_head() ? torch::linear(hidden, wte->weight) : hidden;
 }
 
 torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
