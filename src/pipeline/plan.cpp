@@ -99,9 +99,10 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
           const StepPrediction p = predict_step(kind, m, stages, costs[m],
                                                 step_model(m, v, zb.has_value(), zb.value_or(0)));
           const double mv = static_cast<double>(m) * v;
+          const double bubble = (n - 1) * (zb ? 1.0 - 2.0 * weight_share : 1.0);
           plan.rows.push_back({partition, to_string(stages),
                                m == 1 ? "model_parallel" : to_string(kind), v, zb.has_value(),
-                               zb.value_or(0), m, p.step, mp / p.step, n * mv / (mv + n - 1),
+                               zb.value_or(0), m, p.step, mp / p.step, n * mv / (mv + bubble),
                                p.bubble, p.stage_busy});
         }
       };

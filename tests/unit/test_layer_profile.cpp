@@ -16,6 +16,7 @@
 #include "gpt2p/pipeline/layer_profile.h"
 #include "gpt2p/pipeline/partition.h"
 #include "gpt2p/pipeline/plan.h"
+#include "gpt2p/pipeline/zero_bubble.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 
@@ -170,6 +171,43 @@ TEST(Plan, InterleavedRowsSplitIntoStagesTimesVAndNeedMAMultipleOfTheRanks) {
   }
   EXPECT_EQ(interleaved, 3);  // one per partition
   EXPECT_EQ(to_json(plan, 12)["predictions"][0]["stages_per_rank"], 1);
+}
+
+TEST(Plan, ZeroBubbleRowsForEachMemoryAllowanceWithTheirOwnIdeal) {
+  const auto config = small_plan_model();
+  PlanSpec spec;
+  spec.stages = 2;
+  spec.batch_size = 8;
+  spec.seq_len = 8;
+  spec.microbatches = {4};
+  spec.stages_per_rank = {1};
+  spec.reps = 1;
+  spec.zero_bubble = true;
+  spec.zb_extra_live = {0, kNoLiveLimit};
+  const Plan plan = make_plan(config, spec, c10::kCPU);
+  const double w = block_weight_share(static_cast<int>(config.n_embd), 8);
+  int plain = 0, bounded = 0, unlimited = 0;
+  for (const auto& r : plan.rows) {
+    ASSERT_EQ(r.microbatches, 4);  // model_parallel is the baseline, not a row of its own here
+    if (!r.zero_bubble) {
+      ++plain;
+      EXPECT_DOUBLE_EQ(r.ideal, 2.0 * 4 / (4 + 1));
+      continue;
+    }
+    ++(r.zb_extra_live == 0 ? bounded : unlimited);
+    EXPECT_DOUBLE_EQ(r.ideal, 2.0 * 4 / (4 + (1 - 2 * w))) << r.schedule;
+    EXPECT_GT(r.ideal, 2.0 * 4 / (4 + 1));
+  }
+  // 3 partitions x (gpipe, 1f1b), each plain and at both allowances.
+  EXPECT_EQ(plain, 6);
+  EXPECT_EQ(bounded, 6);
+  EXPECT_EQ(unlimited, 6);
+  const auto rows = to_json(plan, static_cast<int>(config.n_layer))["predictions"];
+  EXPECT_EQ(rows[2]["zb_extra_live"], kNoLiveLimit) << rows[2];
+  spec.zb_extra_live = {-3};
+  EXPECT_NE(error_of([&] { make_plan(config, spec, c10::kCPU); })
+                .find("zero-bubble extra live micro-batches -3"),
+            std::string::npos);
 }
 
 // pp_plan sits in the build directory, one level above this test binary.

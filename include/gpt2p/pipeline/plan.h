@@ -44,7 +44,10 @@ struct PlanRow {
   int microbatches = 1;
   double step_s = 0;
   double speedup = 0;  // over model_parallel on the same split
-  double ideal = 0;    // n m V / (m V + n - 1): equal stages, no loss of efficiency
+  // Equal stages, no loss of efficiency: n m V / (m V + n - 1). With zero_bubble the bubble
+  // shrinks by the W's, as in Qi et al.'s ZB-H1: n m V / (m V + (n - 1)(1 - 2 w)), w the W share
+  // of a block's cost (zero_bubble.h: block_weight_share).
+  double ideal = 0;
   double idle = 0;     // idle fraction of all stages
   std::vector<double> stage_busy_s;  // per rank
 };
