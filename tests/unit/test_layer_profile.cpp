@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
@@ -111,14 +113,21 @@ model::GPT2Config small_plan_model() {
   return config;
 }
 
+// A plan of `stages` stages for `batch` sequences of 8 tokens at each M of `microbatches`, with
+// one timed repetition (the planner's arithmetic is under test, not the timings).
+PlanSpec small_plan_spec(int stages, int64_t batch, std::vector<int> microbatches) {
+  PlanSpec spec;
+  spec.stages = stages;
+  spec.batch_size = batch;
+  spec.seq_len = 8;
+  spec.microbatches = std::move(microbatches);
+  spec.reps = 1;
+  return spec;
+}
+
 TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
   const auto config = small_plan_model();
-  PlanSpec spec;
-  spec.stages = 8;
-  spec.batch_size = 4;
-  spec.seq_len = 8;
-  spec.microbatches = {1, 2};
-  spec.reps = 1;
+  PlanSpec spec = small_plan_spec(8, 4, {1, 2});
   const Plan plan = make_plan(config, spec, c10::kCPU);
   EXPECT_EQ(plan.times.size(), 2U);  // 4 and 2 rows
   // 12 blocks on 8 stages: HW5's ceil(12/8) = 2 per stage fills 6 stages and leaves one empty.
@@ -147,13 +156,8 @@ TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
 
 TEST(Plan, InterleavedRowsSplitIntoStagesTimesVAndNeedMAMultipleOfTheRanks) {
   const auto config = small_plan_model();
-  PlanSpec spec;
-  spec.stages = 2;
-  spec.batch_size = 12;
-  spec.seq_len = 8;
-  spec.microbatches = {3, 4};  // 3 is no multiple of 2 ranks: no interleaved row
+  PlanSpec spec = small_plan_spec(2, 12, {3, 4});  // 3 is no multiple of 2 ranks: no interleaved row
   spec.stages_per_rank = {1, 3};
-  spec.reps = 1;
   const Plan plan = make_plan(config, spec, c10::kCPU);
   int interleaved = 0;
   for (const auto& r : plan.rows) {
@@ -175,13 +179,8 @@ TEST(Plan, InterleavedRowsSplitIntoStagesTimesVAndNeedMAMultipleOfTheRanks) {
 
 TEST(Plan, ZeroBubbleRowsForEachMemoryAllowanceWithTheirOwnIdeal) {
   const auto config = small_plan_model();
-  PlanSpec spec;
-  spec.stages = 2;
-  spec.batch_size = 8;
-  spec.seq_len = 8;
-  spec.microbatches = {4};
+  PlanSpec spec = small_plan_spec(2, 8, {4});
   spec.stages_per_rank = {1};
-  spec.reps = 1;
   spec.zero_bubble = true;
   spec.zb_extra_live = {0, kNoLiveLimit};
   const Plan plan = make_plan(config, spec, c10::kCPU);
