@@ -128,9 +128,10 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
   };
   std::vector<RankState> state(R);
   const std::vector<int> base_peak = peak_live(base);
-  const int max_live = extra_live == kNoLiveLimit
-                           ? std::numeric_limits<int>::max()
-                           : *std::max_element(base_peak.begin(), base_peak.end()) + extra_live;
+  const int peak = *std::max_element(base_peak.begin(), base_peak.end());
+  constexpr int kMax = std::numeric_limits<int>::max();
+  const int max_live =
+      extra_live == kNoLiveLimit || extra_live > kMax - peak ? kMax : peak + extra_live;
   Schedule out(R);
   for (;;) {
     // Advance the rank that is free earliest among those that can place something now: a base

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -270,6 +271,8 @@ TEST(ZeroBubble, OneStageDefersAsItsMemoryAllows) {
             to_string(ranks({"0F0 0B0 0F1 0B1 0W0 0F2 0B2 0W1 0W2"})));
   EXPECT_EQ(to_string(zero_bubble_schedule(base, costs, kNoLiveLimit)),
             to_string(ranks({"0F0 0B0 0F1 0B1 0F2 0B2 0W0 0W1 0W2"})));
+  EXPECT_EQ(to_string(zero_bubble_schedule(base, costs, std::numeric_limits<int>::max())),
+            to_string(zero_bubble_schedule(base, costs, kNoLiveLimit)));
   EXPECT_EQ(peak_live(zero_bubble_schedule(base, costs, 1)), std::vector<int>{2});
   EXPECT_EQ(peak_live(zero_bubble_schedule(base, costs, kNoLiveLimit)), std::vector<int>{3});
 }
