@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "action_counts.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::pipeline {
@@ -34,13 +35,9 @@ std::vector<int> peak_live(const Schedule& schedule) {
   std::vector<int> peaks;
   for (const RankActions& actions : schedule) {
     // An F makes its micro-batch live; its W frees it, or its B when the list has no W's.
-    const bool split = std::any_of(actions.begin(), actions.end(),
-                                   [](const Action& a) { return a.op == Op::kWeight; });
+    const bool split = detail::has_weight_actions(actions);
     int live = 0, peak = 0;
-    for (const Action& a : actions) {
-      if (a.op == Op::kForward) peak = std::max(peak, ++live);
-      if (a.op == (split ? Op::kWeight : Op::kBackward)) --live;
-    }
+    for (const Action& a : actions) peak = std::max(peak, live += detail::live_delta(a, split));
     peaks.push_back(peak);
   }
   return peaks;
