@@ -1,6 +1,11 @@
 """Reads one run directory: every rank's HDF5 timing file (rank<r>.h5, or rank<r>.h5.partial
 after a crash, with a warning). The layout is documented in include/gpt2p/io/run_record.h:
-tables /steps, /epochs, /actions of equal-length float64 columns, and root attributes."""
+tables /steps, /epochs, /actions of equal-length float64 columns, and root attributes.
+
+A file that resumed runs continued has a /segments table (the row where each run's rows begin);
+it is read as one run: rows a resumed run repeated (it went back to its checkpoint) are taken from
+the latest run, and each run's times, which count from its own start, are shifted to follow the
+previous run's so that they keep increasing."""
 
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ import h5py
 import numpy as np
 
 TABLES = ("steps", "epochs", "actions")
+SEGMENTS = "segments"
+# The column that identifies a row of each table, and the tables whose times count from a run's start.
+KEYS = {"steps": "step", "epochs": "epoch", "actions": "step"}
+TIMED = ("steps", "actions")
 RANK_FILE = re.compile(r"^rank(\d+)\.h5(\.partial)?$")
 
 
@@ -47,6 +56,7 @@ class RankFile:
     attrs: Dict[str, object]
     config: Dict[str, object]
     tables: Dict[str, Dict[str, np.ndarray]]
+    segments: int = 1  # runs that wrote the file: the first one plus its resumes
 
     def table(self, name: str) -> Dict[str, np.ndarray]:
         return self.tables.get(name, {})
@@ -117,6 +127,59 @@ def _decode(value):
     return value
 
 
+def _rows(table: Dict[str, np.ndarray]) -> int:
+    return len(next(iter(table.values()))) if table else 0
+
+
+def _segment_ids(starts, n: int) -> np.ndarray:
+    """For each of n rows, the index of the segment it belongs to (starts: each one's first row)."""
+    starts = np.clip(np.asarray(starts, dtype=np.int64), 0, n)
+    return np.searchsorted(starts, np.arange(n), side="right") - 1
+
+
+def _resume_point(tables, seg, k):
+    """(first step, first epoch) run k recorded; None where it recorded no such row."""
+    steps = tables.get("steps", {})
+    rows = np.flatnonzero(seg["steps"] == k) if "steps" in seg else []
+    if len(rows):
+        return steps["step"][rows[0]], steps["epoch"][rows[0]]
+    rows = np.flatnonzero(seg["epochs"] == k) if "epochs" in seg else []
+    return None, (tables["epochs"]["epoch"][rows[0]] if len(rows) else None)
+
+
+def merge_segments(tables, segments):
+    """One view of the tables of a file several runs appended to (see the module's docstring)."""
+    n_seg = _rows(segments)
+    if n_seg <= 1:
+        return tables
+    seg = {name: _segment_ids(segments[f"{name}_row"], _rows(t)) for name, t in tables.items()
+           if f"{name}_row" in segments and _rows(t)}
+    keep = {name: np.ones(len(ids), dtype=bool) for name, ids in seg.items()}
+    shift = {name: np.zeros(len(ids)) for name, ids in seg.items()}
+    elapsed = 0.0
+    for k in range(1, n_seg):
+        first_step, first_epoch = _resume_point(tables, seg, k)
+        for name, ids in seg.items():
+            first = first_epoch if name == "epochs" else first_step
+            if first is not None:
+                keep[name] &= ~((ids < k) & (tables[name][KEYS[name]] >= first))
+        for name in TIMED:
+            if name in seg and "end" in tables[name]:
+                ends = (tables[name]["end"] + shift[name])[seg[name] < k]  # dropped rows too
+                elapsed = max(elapsed, float(ends.max()) if len(ends) else 0.0)
+        for name in TIMED:
+            if name in seg:
+                shift[name][seg[name] == k] = elapsed
+    out = {}
+    for name, table in tables.items():
+        if name not in seg:
+            out[name] = table
+            continue
+        out[name] = {c: ((v + shift[name]) if c in ("start", "end") and name in TIMED else v)[keep[name]]
+                     for c, v in table.items()}
+    return out
+
+
 def read_rank_file(path: Path) -> RankFile:
     path = Path(path)
     m = RANK_FILE.match(path.name)
@@ -135,7 +198,7 @@ def read_rank_file(path: Path) -> RankFile:
         except json.JSONDecodeError as e:
             raise RunError(f"{path}: root attribute 'config' is not JSON ({e})") from e
         tables = {}
-        for name in TABLES:
+        for name in TABLES + (SEGMENTS,):
             if name not in f:
                 continue
             cols = {c: np.asarray(f[name][c][...], dtype=np.float64) for c in f[name]}
@@ -146,7 +209,9 @@ def read_rank_file(path: Path) -> RankFile:
     if rank != int(m.group(1)):
         raise RunError(f"{path}: file name says rank {m.group(1)} but attribute rank is {rank}; "
                        "files from different runs were mixed in one directory")
-    return RankFile(path, rank, partial, attrs, config, tables)
+    segments = tables.pop(SEGMENTS, {})
+    tables = merge_segments(tables, segments)
+    return RankFile(path, rank, partial, attrs, config, tables, max(1, _rows(segments)))
 
 
 def read_run(directory) -> Run:

@@ -51,11 +51,30 @@ job_build() {
 }
 
 # Prints the launch line, then (unless a dry run) runs it with output teed into $RESULTS.
+# Returns the command's exit status (75: a trainer stopped by SIGTERM after its checkpoint).
+# With LAUNCHER=mpirun, a SIGTERM/SIGINT of this shell (sbatch --signal=B:TERM@120) is handed to
+# mpirun, which passes it to the ranks. srun's ranks are signalled by Slurm itself (--signal=TERM@120).
 job_launch() {
   echo "launch: $*"
   [ "$DRY_RUN" = 1 ] && return 0
-  "$@" 2>&1 | tee -a "$RESULTS/job.log"
-  return "${PIPESTATUS[0]}"
+  if [ "${LAUNCHER:-srun}" != mpirun ]; then
+    "$@" 2>&1 | tee -a "$RESULTS/job.log"
+    return "${PIPESTATUS[0]}"
+  fi
+  local pid rc=0
+  # After SIGTERM mpirun gives the ranks this long before it kills them (Open MPI's default: 1 s),
+  # the time a large model's checkpoint needs. The price: mpirun also waits this long after a
+  # failing rank before it ends the job.
+  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}
+  "$@" > >(tee -a "$RESULTS/job.log") 2>&1 &
+  pid=$!
+  # shellcheck disable=SC2064
+  trap "kill -TERM $pid 2>/dev/null" TERM INT
+  # A trapped signal ends `wait` early: wait again until the command itself has ended.
+  wait "$pid" || rc=$?
+  while kill -0 "$pid" 2>/dev/null; do rc=0; wait "$pid" || rc=$?; done
+  trap - TERM INT
+  return "$rc"
 }
 
 # "srun" or "mpirun": the launcher words for N ranks, RANKS_PER_NODE per node, one GPU each.

@@ -37,15 +37,29 @@ gpt2p_build() {
 }
 
 # The python3 that has the analysis dependencies (h5py, numpy, matplotlib, pytest): the first on
-# PATH may be a pyenv/venv one without them, while Debian's python3-* packages live in /usr/bin.
+# PATH may be a pyenv/venv one without them, while Debian's python3-* packages live in
+# $GPT2P_SYSTEM_PYTHON (/usr/bin/python3). Looks at what is installed when it is called, so call it
+# after scripts/setup: a fresh machine gets those packages only then.
+#   gpt2p_python [module...]   prints the interpreter that has the modules (default: h5py numpy
+#                              matplotlib); non-zero, with a hint on stderr, when none has them
 gpt2p_python() {
-  local py
-  for py in python3 /usr/bin/python3; do
-    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import h5py, numpy, matplotlib' 2>/dev/null; then
-      echo "$py"; return 0
+  local mods=("$@") py path
+  [ ${#mods[@]} -gt 0 ] || mods=(h5py numpy matplotlib)
+  for py in python3 "${GPT2P_SYSTEM_PYTHON:-/usr/bin/python3}"; do
+    path=$(command -v "$py" 2>/dev/null) || continue
+    # find_spec locates a module without importing it: a few milliseconds per interpreter.
+    if "$path" -c 'import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' "${mods[@]}" 2>/dev/null; then
+      echo "$path"; return 0
     fi
   done
-  echo "python3"
+  echo "gpt2p: neither python3 on PATH nor ${GPT2P_SYSTEM_PYTHON:-/usr/bin/python3} has ${mods[*]};" \
+       "scripts/setup installs them (Debian: python3-h5py python3-numpy python3-matplotlib" \
+       "python3-pytest), or set GPT2P_PYTHON" >&2
+  command -v python3 2>/dev/null || echo python3
+  return 1
 }
-GPT2P_PYTHON=${GPT2P_PYTHON:-$(gpt2p_python)}
-export GPT2P_PYTHON
+# What the scripts run Python with. Nothing is probed here (this file is sourced before
+# scripts/setup has installed anything): scripts/python picks the interpreter each time it runs.
+# Set GPT2P_PYTHON to use a particular one.
+export GPT2P_PYTHON=${GPT2P_PYTHON:-$GPT2P_ROOT/scripts/python}

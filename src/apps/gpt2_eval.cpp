@@ -1,6 +1,7 @@
 // gpt2_eval: next-token loss and perplexity of a GPT-2 checkpoint (ours or Hugging Face's) on
 // token-id sequences (JSON lines) or on a split of a prepared dataset. Prints JSON on stdout.
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -11,7 +12,9 @@
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
+#include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
+#include "gpt2p/data/special_tokens.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
 
@@ -20,7 +23,7 @@ namespace {
 using gpt2p::model::GPT2;
 
 struct EvalOptions {
-  std::string checkpoint, ids_jsonl, data, split, dump_logits, device, precision;
+  std::string checkpoint, ids_jsonl, data, split, dump_logits, device, precision, vocab_dir;
   int64_t batch_size = 8, max_len = 0, max_examples = 0;
 };
 
@@ -108,14 +111,44 @@ nlohmann::json eval_ids(GPT2& model, const EvalOptions& o, torch::Device device)
       {"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", tokens}, {"sequences", per_seq}};
 }
 
+// The vocabulary --data is checked against: --vocab-dir, else the one the training run of a gpt2p
+// checkpoint recorded (while that directory exists); empty when there is none.
+std::string vocab_dir_for(const EvalOptions& o) {
+  if (!o.vocab_dir.empty()) return o.vocab_dir;
+  if (!gpt2p::model::is_checkpoint_dir(o.checkpoint)) return "";
+  const auto config = gpt2p::model::read_train_state(o.checkpoint).config;
+  const std::string dir =
+      config.is_object() && config.value("vocab_dir", nlohmann::json()).is_string()
+          ? config["vocab_dir"].get<std::string>()
+          : "";
+  return !dir.empty() && std::filesystem::is_directory(dir) ? dir : "";
+}
+
+// The dataset must hold ids of the model's vocabulary, made by the model's tokenizer.
+void check_dataset_tokenizer(const gpt2p::data::DatasetFile& file, const EvalOptions& o,
+                             int64_t model_vocab) {
+  const auto& meta = file.meta();
+  GPT2P_CHECK(meta.vocab_size == model_vocab,
+              "dataset " << o.data << " was made with tokenizer " << meta.tokenizer_identity
+                         << " (vocab " << meta.vocab_size << ") but the model of --checkpoint "
+                         << o.checkpoint << " has vocab " << model_vocab,
+              "evaluate a model trained with this dataset's tokenizer, or re-create the dataset "
+              "with prepare_data --vocab-dir <the model's vocabulary>");
+  const std::string dir = vocab_dir_for(o);
+  if (dir.empty()) {
+    std::cerr << "gpt2_eval: note: the tokenizer of " << o.data << " (" << meta.tokenizer_identity
+              << ") was not checked: pass --vocab-dir with the model's vocabulary to check it\n";
+    return;
+  }
+  auto tokenizer = gpt2p::data::BpeTokenizer::from_dir(dir);
+  gpt2p::data::register_special_tokens(tokenizer);
+  file.require_tokenizer(tokenizer.identity(), tokenizer.vocab_size());
+}
+
 nlohmann::json eval_dataset(GPT2& model, const EvalOptions& o, torch::Device device) {
   const auto& cfg = model->config();
   const auto file = gpt2p::data::DatasetFile::open(o.data);
-  GPT2P_CHECK(file.meta().vocab_size <= cfg.vocab_size,
-              "dataset " << o.data << " has vocab " << file.meta().vocab_size
-                         << " but the model only " << cfg.vocab_size,
-              "evaluate a model trained with this dataset's tokenizer (vocab "
-                  << file.meta().vocab_size << ")");
+  check_dataset_tokenizer(file, o, cfg.vocab_size);
   const auto& split = file.split(o.split);
   const int64_t max_len = o.max_len > 0 ? o.max_len : cfg.n_ctx;
   GPT2P_CHECK(max_len <= cfg.n_ctx,
@@ -170,6 +203,11 @@ int main(int argc, char** argv) {
                                                 "--data row length in tokens (0 = model n_ctx)")(
             "max-examples", po::value(&o.max_examples)->default_value(0),
             "--data examples to use (0 = all)")(
+            "vocab-dir", po::value(&o.vocab_dir),
+            "the model's GPT-2 vocabulary (encoder.json + vocab.bpe, or vocab.json + merges.txt): "
+            "--data must have been made with it (default: the vocab_dir a gpt2p checkpoint's "
+            "training run recorded, when it exists; without one the check is skipped with a "
+            "note)")(
             "dump-logits", po::value(&o.dump_logits),
             "write the first sequence's logits [T, vocab_size] "
             "as raw little-endian float32 to this file (+ FILE.json with the shape)")(

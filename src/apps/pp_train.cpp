@@ -7,7 +7,10 @@ int main(int argc, char** argv) {
   using namespace gpt2p;
   return cli::run_guarded("pp_train", argc, argv, [](const Topology& topo, int argc, char** argv) {
     cli::TrainConfig cfg;
-    if (!cli::parse_train_args(cfg, cli::Program::kPipeline, argc, argv)) return 0;
+    bool train = true;  // false after --help
+    // Every rank parses; a bad flag ends the job with one message and exit 2.
+    cli::on_every_rank([&] { train = cli::parse_train_args(cfg, cli::Program::kPipeline, argc, argv); });
+    if (!train) return 0;
     return parallel::train_pipeline(cfg, topo);
   });
 }

@@ -1,5 +1,7 @@
 // tokenize: GPT-2 BPE over JSON lines. stdin {"text": "..."} -> stdout {"ids": [...]}, or the
-// reverse with --decode. Used by scripts/device/check_tokenizer.py to compare with Hugging Face.
+// reverse with --decode. Blank (or all-whitespace) lines are skipped, as JSON-lines readers do:
+// they write nothing and are still counted in the line numbers of errors. Used by
+// scripts/device/check_tokenizer.py to compare with Hugging Face.
 #include <climits>
 #include <cstdlib>
 #include <iostream>
@@ -54,7 +56,8 @@ int main(int argc, char** argv) {
         if (!gpt2p::cli::parse_or_help(
                 "tokenize",
                 "GPT-2 BPE over JSON lines: {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout "
-                "(--decode: the reverse).",
+                "(--decode: the reverse). Blank lines are skipped (no output line); errors name the "
+                "input line.",
                 desc, argc, argv, vm)) {
           return 0;
         }
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
         long line_no = 0;
         while (std::getline(std::cin, line)) {
           ++line_no;
+          if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank: skipped
           nlohmann::json out;
           if (decode) {
             const nlohmann::json ids = field(line, line_no, "ids");

@@ -2,8 +2,10 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <cstdio>
 #include <exception>
+#include <optional>
 
 #include "gpt2p/cli/options.h"
 #include "gpt2p/core/error.h"
@@ -11,32 +13,87 @@
 namespace gpt2p::cli {
 namespace {
 
-[[noreturn]] void bring_down(const char* program, const std::string& message, int code) {
-  std::fprintf(stderr, "%s: error: %s\n", program, message.c_str());
-  std::fflush(stderr);
+bool mpi_up() {
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
+  return initialized != 0 && finalized == 0;
+}
+
+int world_size() {
   int size = 1;
-  if (initialized != 0 && finalized == 0) MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
-  if (initialized != 0 && finalized == 0) MPI_Finalize();
+  if (mpi_up()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// The message of an exception, with this rank's label where the error has none of its own.
+std::string describe(const std::exception& e, bool labelled) {
+  if (labelled || world_size() == 1) return e.what();
+  return "[" + process_label() + "] " + e.what();
+}
+
+[[noreturn]] void bring_down(const char* program, const std::string& message, int code) {
+  std::fprintf(stderr, "%s: error: %s\n", program, message.c_str());
+  std::fflush(stderr);
+  // MPI_Abort ends every rank of the job, also those blocked in a collective; it is called while
+  // MPI is still initialised (see the header).
+  if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  if (mpi_up()) MPI_Finalize();
   std::exit(code);
 }
 
 }  // namespace
 
-int run_guarded(const char* program, int argc, char** argv, const ProgramBody& body) {
+void on_every_rank(const std::function<void()>& check, std::chrono::milliseconds timeout) {
+  int code = 0;
+  std::string message;
   try {
-    MpiEnv env(&argc, &argv);
-    return body(env.topology(), argc, argv);
+    check();
+  } catch (const AgreedFailure&) {
+    throw;  // a nested agreement already ended the job on every rank
   } catch (const UsageError& e) {
-    bring_down(program, e.what(), kExitUsage);
+    code = kExitUsage;
+    message = describe(e, false);
+  } catch (const Error& e) {
+    code = kExitError;
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = kExitError;
+    message = describe(e, false);
+  }
+  int rank = 0;
+  GPT2P_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  // {largest code, -(lowest failing rank)} in one MAX reduction.
+  int agreed[2] = {code, code != 0 ? -rank : -INT_MAX};
+  allreduce_ints(agreed, 2, MPI_MAX, MPI_COMM_WORLD, timeout, "the ranks' start-up checks");
+  if (agreed[0] != 0) throw AgreedFailure(agreed[0], message, -agreed[1] == rank);
+}
+
+int run_guarded(const char* program, int argc, char** argv, const ProgramBody& body) {
+  // MPI lives outside the try: an error unwinds to the catch below with MPI still up, so the
+  // failing rank can abort the job rather than wait in MPI_Finalize for ranks that wait for it.
+  std::optional<MpiEnv> env;
+  try {
+    env.emplace(&argc, &argv);
+  } catch (const std::exception& e) {
+    bring_down(program, e.what(), kExitError);
+  }
+  try {
+    return body(env->topology(), argc, argv);
+  } catch (const AgreedFailure& e) {
+    if (e.reporter) {
+      std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+      std::fflush(stderr);
+    }
+    env.reset();  // every rank is here: MPI_Finalize cannot wait for anyone
+    return e.code;
+  } catch (const UsageError& e) {
+    bring_down(program, describe(e, false), kExitUsage);
   } catch (const Error& e) {
     bring_down(program, e.what(), kExitError);
   } catch (const std::exception& e) {
-    bring_down(program, "[" + process_label() + "] " + e.what(), kExitError);
+    bring_down(program, describe(e, false), kExitError);
   }
 }
 

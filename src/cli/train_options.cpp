@@ -1,6 +1,8 @@
 #include "gpt2p/cli/train_options.h"
 
 #include <cstdlib>
+#include <functional>
+#include <sstream>
 
 namespace gpt2p::cli {
 namespace {
@@ -28,52 +30,76 @@ void require_one_of(const std::string& flag, const std::string& value,
   throw UsageError("--" + flag + " '" + value + "' is not one of: " + list);
 }
 
+// A notifier for a flag's value: a value the user gave that fails `ok` is a UsageError naming the
+// flag, the value and the allowed range. The -1 "not given" defaults never reach it.
+template <class T, class Pred>
+std::function<void(const T&)> allowed(const char* flag, Pred ok, const char* range) {
+  return [flag, ok, range](const T& v) {
+    if (ok(v)) return;
+    std::ostringstream s;
+    s << "--" << flag << " " << v << " is out of range: use " << range;
+    throw UsageError(s.str());
+  };
+}
+
+template <class T>
+std::function<void(const T&)> positive(const char* flag) {
+  return allowed<T>(flag, [](T v) { return v > 0; }, "a value > 0");
+}
+
+template <class T>
+std::function<void(const T&)> non_negative(const char* flag, const char* range = "a value >= 0") {
+  return allowed<T>(flag, [](T v) { return v >= 0; }, range);
+}
+
 }  // namespace
 
 void add_train_options(po::options_description& desc, TrainConfig& c, Program program) {
   po::options_description model("Model");
   model.add_options()
       ("preset", po::value(&c.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
-      ("n-layer", po::value(&c.n_layer), "override: number of transformer blocks")
-      ("n-head", po::value(&c.n_head), "override: attention heads")
-      ("n-embd", po::value(&c.n_embd), "override: model width")
-      ("dropout", po::value(&c.dropout), "override: dropout probability (preset: 0.1)");
+      ("n-layer", po::value(&c.n_layer)->notifier(positive<int>("n-layer")), "override: number of transformer blocks")
+      ("n-head", po::value(&c.n_head)->notifier(positive<int>("n-head")), "override: attention heads")
+      ("n-embd", po::value(&c.n_embd)->notifier(positive<int>("n-embd")), "override: model width")
+      ("dropout", po::value(&c.dropout)->notifier(allowed<double>("dropout", [](double p) { return p >= 0 && p < 1; }, "a probability in [0, 1)")), "override: dropout probability (preset: 0.1)");
   po::options_description data("Data");
   data.add_options()
       ("data", po::value(&c.data)->default_value(c.data), "prepared dataset (HDF5, from prepare_data)")
       ("vocab-dir", po::value(&c.vocab_dir), "GPT-2 vocabulary (encoder.json + vocab.bpe, or vocab.json + merges.txt); default $GPT2P_VOCAB_DIR or .cache/gpt2-vocab")
-      ("max-train-pairs", po::value(&c.max_train_pairs), "use the first N training pairs; 0 = all (default: 5000 on cuda as HW5, 128 on cpu)")
-      ("max-eval-pairs", po::value(&c.max_eval_pairs), "validation pairs evaluated per epoch; 0 = all (default: 256 on cuda, 32 on cpu)");
+      ("max-train-pairs", po::value(&c.max_train_pairs)->notifier(non_negative<int64_t>("max-train-pairs", "a count >= 0 (0 = all)")), "use the first N training pairs; 0 = all (default: 5000 on cuda as HW5, 128 on cpu)")
+      ("max-eval-pairs", po::value(&c.max_eval_pairs)->notifier(non_negative<int64_t>("max-eval-pairs", "a count >= 0 (0 = all)")), "validation pairs evaluated per epoch; 0 = all (default: 256 on cuda, 32 on cpu)");
   po::options_description opt("Optimisation");
   opt.add_options()
-      ("epochs", po::value(&c.epochs), "passes over the training pairs (default: 10 on cuda, 2 on cpu)")
+      ("epochs", po::value(&c.epochs)->notifier(positive<int>("epochs")), "passes over the training pairs (default: 10 on cuda, 2 on cpu)")
       ("max-steps", po::value(&c.max_steps)->default_value(c.max_steps), "stop after this many optimizer steps; 0 = no limit")
-      ("batch-size", po::value(&c.batch_size), "GLOBAL batch in sequences per optimizer step (default: 128 on cuda, 16 on cpu)")
-      ("seq-len", po::value(&c.seq_len), "tokens per sequence, max_len of HW5 (default: 128 on cuda, 32 on cpu)")
+      ("batch-size", po::value(&c.batch_size)->notifier(positive<int64_t>("batch-size")), "GLOBAL batch in sequences per optimizer step (default: 128 on cuda, 16 on cpu)")
+      ("seq-len", po::value(&c.seq_len)->notifier(allowed<int64_t>("seq-len", [](int64_t n) { return n >= 2; }, "a length >= 2")), "tokens per sequence, max_len of HW5 (default: 128 on cuda, 32 on cpu)")
       ("grad-accum", po::value(&c.grad_accum)->default_value(c.grad_accum), "micro-steps accumulated per optimizer step")
       ("lr", po::value(&c.lr)->default_value(c.lr), "AdamW learning rate")
-      ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "AdamW weight decay")
-      ("grad-clip", po::value(&c.grad_clip)->default_value(c.grad_clip), "clip the global gradient norm to this; 0 = off")
+      ("weight-decay", po::value(&c.weight_decay)->notifier(non_negative<double>("weight-decay"))->default_value(c.weight_decay), "AdamW weight decay")
+      ("grad-clip", po::value(&c.grad_clip)->notifier(non_negative<double>("grad-clip", "a norm >= 0 (0 = off)"))->default_value(c.grad_clip), "clip the global gradient norm to this; 0 = off")
       ("precision", po::value(&c.precision)->default_value(c.precision), "fp32 | tf32 | bf16 (bf16 autocast on cuda)")
       ("loss-positions", po::value(&c.loss_positions)->default_value(c.loss_positions), "targets (the LM head and its cross-entropy run only where the loss mask counts: same loss and gradients, a fraction of the head's work) | all (every position, as a plain head)")
       ("device", po::value(&c.device)->default_value(c.device), "auto | cpu | cuda (auto: cuda when built with CUDA and a GPU is present)")
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for initialisation, shuffling and dropout")
-      ("warmup-epochs", po::value(&c.warmup_epochs)->default_value(c.warmup_epochs), "epochs the analysis drops as warm-up (recorded in the output)");
+      ("warmup-epochs", po::value(&c.warmup_epochs)->notifier(non_negative<int>("warmup-epochs"))->default_value(c.warmup_epochs), "epochs the analysis drops as warm-up (recorded in the output)");
   po::options_description out("Output");
   out.add_options()
       ("out", po::value(&c.out), "output directory: rank<r>.h5 timing files, checkpoints (default: runs/<program>)")
       ("init-from", po::value(&c.init_from), "initialise from a Hugging Face GPT-2 directory or one of our checkpoints")
       ("save-every", po::value(&c.save_every)->default_value(c.save_every), "checkpoint every N optimizer steps; 0 = at the end of each epoch; -1 = never (benchmarks)")
       ("resume", po::value(&c.resume), "resume from this checkpoint directory (model, optimizer, step, RNG, data position)")
-      ("translate-samples", po::value(&c.translate_samples), "test pairs greedily translated (and BLEU-scored) per epoch (default: 4 on cuda, 2 on cpu)")
-      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "rank 0 prints a progress line every N steps")
-      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(c.comm_timeout_s), "seconds a rank waits on a collective before failing the job (NCCL)");
+      ("translate-samples", po::value(&c.translate_samples)->notifier(non_negative<int>("translate-samples", "a count >= 0 (0 = none)")), "test pairs greedily translated (and BLEU-scored) per epoch (default: 4 on cuda, 2 on cpu)")
+      ("log-every", po::value(&c.log_every)->notifier(positive<int>("log-every"))->default_value(c.log_every), "rank 0 prints a progress line every N steps")
+      ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(c.comm_timeout_s), "seconds a rank waits on a peer (a collective or a transfer, NCCL or MPI) before failing the job")
+      ("comm", po::value(&c.comm)->default_value(c.comm), "auto | nccl | mpi: how ranks talk; auto = nccl when every rank has a GPU of its own, else mpi (CUDA tensors staged through host memory: for development on one GPU, timings not meaningful)")
+      ("overwrite", po::bool_switch(&c.overwrite), "let a fresh run replace the checkpoint and rank files already in --out (without it such a run is refused)");
   desc.add(model).add(data).add(opt).add(out);
   if (program == Program::kDataParallel) {
     po::options_description dp("Data parallel");
     dp.add_options()
         ("grad-sync", po::value(&c.grad_sync)->default_value(c.grad_sync), "per-param (one all_reduce per parameter, HW5) | bucketed (overlapped with backward)")
-        ("bucket-mb", po::value(&c.bucket_mb)->default_value(c.bucket_mb), "bucket size in MiB for --grad-sync bucketed")
+        ("bucket-mb", po::value(&c.bucket_mb)->notifier(positive<double>("bucket-mb"))->default_value(c.bucket_mb), "bucket size in MiB for --grad-sync bucketed")
         ("reduce-dtype", po::value(&c.reduce_dtype)->default_value(c.reduce_dtype), "fp32 | bf16: dtype gradients travel in")
         ("embedding-sync", po::value(&c.embedding_sync)->default_value(c.embedding_sync), "the tied wte under --grad-sync bucketed: sparse (the head's part reduced as soon as backward starts, the token lookup's B*T gradient rows all-gathered) | dense (one 50k-row all_reduce after backward)");
     desc.add(dp);
@@ -124,6 +150,7 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require(c.max_steps >= 0, "--max-steps must be >= 0");
   require(c.save_every >= -1, "--save-every must be a step count, 0 (every epoch) or -1 (never)");
   require(c.comm_timeout_s > 0, "--comm-timeout must be positive");
+  require_one_of("comm", c.comm, {"auto", "nccl", "mpi"});
   require_one_of("precision", c.precision, {"fp32", "tf32", "bf16"});
   require_one_of("grad-sync", c.grad_sync, {"per-param", "bucketed"});
   require_one_of("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
@@ -166,7 +193,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"schedule", c.schedule}, {"microbatches", c.microbatches},
           {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
           {"zb_extra_live", c.zb_extra_live},
-          {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s}};
+          {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s},
+          {"comm", c.comm}, {"overwrite", c.overwrite}};
 }
 
 bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) {

@@ -179,6 +179,8 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options, MPI_
   if (options.backend == Backend::kMpi) {
     MpiOptions mpi;
     mpi.check_sizes = options.check_sizes;
+    mpi.timeout = options.timeout;
+    mpi.device = options.device;
     return std::make_unique<MpiCommunicator>(comm, mpi);
   }
 #ifdef GPT2P_WITH_CUDA

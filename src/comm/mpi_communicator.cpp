@@ -1,10 +1,14 @@
 #include "gpt2p/comm/mpi_communicator.h"
 
+#include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support (absent macros: not CUDA-aware)
+
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <functional>
 #include <utility>
 
+#include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::comm {
@@ -43,19 +47,37 @@ char* at(const torch::Tensor& t, int64_t element) {
   return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.element_size());
 }
 
+// What a wait names when it times out: "recv from rank 1 on 2 ranks".
+std::string describe_op(const char* op, int peer, int world) {
+  std::string s = std::string(op) + (peer >= 0 ? (std::string(" with rank ") + std::to_string(peer)) : "");
+  return s + " (MPI, " + std::to_string(world) + " ranks)";
+}
+
 // Operation in flight: MPI requests, then `finish` (divide for avg, copy back into the caller's
 // tensor) once they are complete. Captured tensors stay alive until then.
 class MpiWork final : public Work {
  public:
-  MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish)
-      : requests_(std::move(requests)), finish_(std::move(finish)) {}
+  struct Place {
+    const char* op;
+    int peer;  // -1 for collectives
+    int world;
+    std::chrono::milliseconds timeout;
+  };
+  MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, Place place)
+      : requests_(std::move(requests)), finish_(std::move(finish)), place_(place) {}
   ~MpiWork() override {
+    if (done_) return;
+    // Unwinding after an error (a timeout, most often) ends in MPI_Abort: waiting here for a peer
+    // that may never come would only delay it. The requests and their buffers are left alive, so
+    // MPI never writes into freed memory.
+    if (std::uncaught_exceptions() > 0 || timed_out_) {
+      static_cast<void>(new Abandoned{std::move(requests_), std::move(finish_)});  // NOLINT
+      return;
+    }
     // A Work dropped without wait() must not leave MPI writing into freed memory.
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // NOLINT(bugprone-empty-catch): never throw from a destructor
-      }
+    try {
+      wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): never throw from a destructor
     }
   }
   MpiWork(const MpiWork&) = delete;
@@ -63,9 +85,11 @@ class MpiWork final : public Work {
 
   void wait() override {
     if (done_) return;
+    timed_out_ = true;  // until wait_all returns
+    wait_all(requests_.data(), static_cast<int>(requests_.size()), place_.timeout,
+             [this] { return describe_op(place_.op, place_.peer, place_.world); });
+    timed_out_ = false;
     done_ = true;
-    GPT2P_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
     if (finish_) finish_();
   }
 
@@ -81,7 +105,13 @@ class MpiWork final : public Work {
  private:
   std::vector<MPI_Request> requests_;
   std::function<void()> finish_;
+  Place place_;
   bool done_ = false;
+  bool timed_out_ = false;  // a wait threw: the peer may never come
+  struct Abandoned {
+    std::vector<MPI_Request> requests;
+    std::function<void()> keep_alive;
+  };
 };
 
 // A reduction's buffer: contiguous, in a dtype MPI can sum (bfloat16 -> float32), and the step
@@ -91,11 +121,15 @@ struct Staged {
   std::function<void()> finish;
 };
 
-Staged stage_reduce(torch::Tensor& tensor, ReduceOp op, int world) {
+// `host`: the tensor lives where MPI cannot read it (CUDA memory, MPI not CUDA-aware).
+Staged stage_reduce(torch::Tensor& tensor, ReduceOp op, int world, bool host) {
   Staged s;
   bool copy_back = true;
-  if (tensor.scalar_type() == torch::kBFloat16) {
-    s.buffer = tensor.to(torch::kFloat32).contiguous();
+  const auto wire = tensor.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : tensor.scalar_type();
+  if (host) {
+    s.buffer = tensor.to(torch::TensorOptions().device(torch::kCPU).dtype(wire)).contiguous();
+  } else if (wire != tensor.scalar_type()) {
+    s.buffer = tensor.to(wire).contiguous();
   } else if (!tensor.is_contiguous()) {
     s.buffer = tensor.contiguous();
   } else {
@@ -111,21 +145,19 @@ Staged stage_reduce(torch::Tensor& tensor, ReduceOp op, int world) {
   return s;
 }
 
-// A buffer to move bytes from/into: the tensor itself when contiguous, else a contiguous copy.
-torch::Tensor contiguous_buffer(const torch::Tensor& t) {
-  return t.is_contiguous() ? t : t.contiguous();
-}
-
 }  // namespace
 
 namespace detail {
 
 void check_same_collective(MPI_Comm comm, const char* op, int64_t numel, torch::ScalarType dtype,
-                           int64_t extra, const char* extra_name) {
+                           int64_t extra, const char* extra_name,
+                           std::chrono::milliseconds timeout) {
   const auto code = static_cast<int64_t>(dtype);
   std::array<int64_t, 6> v{numel, -numel, code, -code, extra, -extra};
-  GPT2P_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T,
-                                MPI_MAX, comm));
+  MPI_Request r = MPI_REQUEST_NULL;
+  GPT2P_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T,
+                                 MPI_MAX, comm, &r));
+  wait_all(&r, 1, timeout, [op] { return std::string(op) + ": the size check (MPI)"; });
   const char* hint =
       "every rank must make the same collective calls in the same order with tensors of the same "
       "size and dtype; print the shapes on each rank to find the odd one out";
@@ -145,13 +177,23 @@ void check_same_collective(MPI_Comm comm, const char* op, int64_t numel, torch::
               hint);
 }
 
+bool mpi_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 }  // namespace detail
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options)
     : MpiCommunicator(
-          [comm] {
+          [comm, timeout = options.timeout] {
             MPI_Comm dup = MPI_COMM_NULL;
-            GPT2P_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+            MPI_Request r = MPI_REQUEST_NULL;
+            GPT2P_MPI_CHECK(MPI_Comm_idup(comm, &dup, &r));
+            wait_all(&r, 1, timeout, [] { return std::string("creating the MPI communicator"); });
             GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
             return Dup{dup};
           }(),
@@ -163,6 +205,20 @@ MpiCommunicator::MpiCommunicator(Dup dup, MpiOptions options)
       options_.max_chunk_elements > 0 && options_.max_chunk_elements <= INT32_MAX,
       "MpiOptions::max_chunk_elements = " << options_.max_chunk_elements << " is outside [1, 2^31)",
       "leave it at its default (2^30)");
+  device_memory_ = options_.device.is_cuda() && detail::mpi_cuda_aware();
+}
+
+torch::Tensor MpiCommunicator::wire_buffer(const torch::Tensor& t, bool fill) const {
+  if (t.is_cuda() && !device_memory_) {
+    // to(kCPU) waits for the current stream's work on t; a receive buffer needs no values.
+    return fill ? t.to(torch::kCPU).contiguous() : torch::empty(t.sizes(), t.options().device(torch::kCPU));
+  }
+  if (t.is_cuda()) compat::synchronize(t.device());  // MPI reads device memory outside any stream
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+void MpiCommunicator::wait(MPI_Request* requests, int count, const char* op, int peer) const {
+  wait_all(requests, count, options_.timeout, [op, peer, world = size()] { return describe_op(op, peer, world); });
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -185,21 +241,17 @@ void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   check_reduce(tensor, op, "all_reduce");
   if (options_.check_sizes) {
     detail::check_same_collective(comm_, "all_reduce", tensor.numel(), tensor.scalar_type(),
-                                  static_cast<int64_t>(op), "reduce op (0 sum, 1 avg)");
+                                  static_cast<int64_t>(op), "reduce op (0 sum, 1 avg)",
+                                  options_.timeout);
   }
-  Staged s = stage_reduce(tensor, op, size());
-  const MPI_Datatype type = wire_type(s.buffer.scalar_type());
-  for_chunks(s.buffer.numel(), options_.max_chunk_elements, [&](int64_t offset, int count) {
-    GPT2P_MPI_CHECK(
-        MPI_Allreduce(MPI_IN_PLACE, at(s.buffer, offset), count, type, mpi_op(op), comm_));
-  });
-  if (s.finish) s.finish();
+  all_reduce_async(tensor, op)->wait();
 }
 
 WorkPtr MpiCommunicator::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce_async");
   check_reduce(tensor, op, "all_reduce_async");
-  Staged s = stage_reduce(tensor, op, size());
+  Staged s = stage_reduce(tensor, op, size(), tensor.is_cuda() && !device_memory_);
+  if (tensor.is_cuda() && device_memory_) compat::synchronize(tensor.device());
   const MPI_Datatype type = wire_type(s.buffer.scalar_type());
   std::vector<MPI_Request> requests;
   for_chunks(s.buffer.numel(), options_.max_chunk_elements, [&](int64_t offset, int count) {
@@ -212,7 +264,8 @@ WorkPtr MpiCommunicator::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
   auto finish = [buffer = s.buffer, f = std::move(s.finish)] {
     if (f) f();
   };
-  return std::make_unique<MpiWork>(std::move(requests), std::move(finish));
+  return std::make_unique<MpiWork>(std::move(requests), std::move(finish),
+                                   MpiWork::Place{"all_reduce", -1, size(), options_.timeout});
 }
 
 void MpiCommunicator::broadcast(torch::Tensor& tensor, int root) {
@@ -223,59 +276,52 @@ void MpiCommunicator::broadcast(torch::Tensor& tensor, int root) {
       "pass a root in [0, " << size() << ")");
   if (options_.check_sizes) {
     detail::check_same_collective(comm_, "broadcast", tensor.numel(), tensor.scalar_type(), root,
-                                  "root");
+                                  "root", options_.timeout);
   }
-  torch::Tensor buffer = contiguous_buffer(tensor);
+  torch::Tensor buffer = wire_buffer(tensor, rank() == root);
   const MPI_Datatype type = wire_type(buffer.scalar_type());
+  std::vector<MPI_Request> requests;
   for_chunks(buffer.numel(), options_.max_chunk_elements, [&](int64_t offset, int count) {
-    GPT2P_MPI_CHECK(MPI_Bcast(at(buffer, offset), count, type, root, comm_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    GPT2P_MPI_CHECK(MPI_Ibcast(at(buffer, offset), count, type, root, comm_, &r));
+    requests.push_back(r);
   });
+  wait(requests.data(), static_cast<int>(requests.size()), "broadcast", root);
   if (!buffer.is_same(tensor)) tensor.copy_(buffer);
 }
 
 torch::Tensor MpiCommunicator::all_gather(const torch::Tensor& input) {
   check_tensor(input, "all_gather");
   if (options_.check_sizes) {
-    detail::check_same_collective(comm_, "all_gather", input.numel(), input.scalar_type(), 0, "-");
+    detail::check_same_collective(comm_, "all_gather", input.numel(), input.scalar_type(), 0, "-",
+                                  options_.timeout);
   }
-  const torch::Tensor in = contiguous_buffer(input);
   std::vector<int64_t> shape{size()};
   shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
   torch::Tensor out = torch::empty(shape, input.options());
-  const int64_t n = in.numel();
-  const MPI_Datatype type = wire_type(in.scalar_type());
-  if (n <= options_.max_chunk_elements) {
-    if (n > 0) {
-      GPT2P_MPI_CHECK(MPI_Allgather(in.data_ptr(), static_cast<int>(n), type, out.data_ptr(),
-                                    static_cast<int>(n), type, comm_));
-    }
-    return out;
-  }
-  // Large inputs: gather one chunk of every rank at a time, then scatter it into place.
-  torch::Tensor rows = out.view({size(), n});
-  for_chunks(n, options_.max_chunk_elements, [&](int64_t offset, int count) {
-    torch::Tensor tmp = torch::empty({size(), count}, in.options());
-    GPT2P_MPI_CHECK(MPI_Allgather(at(in, offset), count, type, tmp.data_ptr(), count, type, comm_));
-    rows.slice(1, offset, offset + count).copy_(tmp);
-  });
+  all_gather_async(input, out)->wait();
   return out;
 }
 
 WorkPtr MpiCommunicator::all_gather_async(const torch::Tensor& input, torch::Tensor& output) {
   check_tensor(input, "all_gather_async");
   check_gather_output(input, output);
-  const torch::Tensor in = contiguous_buffer(input);
+  const torch::Tensor in = wire_buffer(input, true);
   const int64_t n = in.numel();
   const MPI_Datatype type = wire_type(in.scalar_type());
+  const MpiWork::Place place{"all_gather", -1, size(), options_.timeout};
   std::vector<MPI_Request> requests;
   if (n <= options_.max_chunk_elements) {
+    torch::Tensor out = wire_buffer(output, false);
     if (n > 0) {
       MPI_Request r = MPI_REQUEST_NULL;
-      GPT2P_MPI_CHECK(MPI_Iallgather(in.data_ptr(), static_cast<int>(n), type, output.data_ptr(),
+      GPT2P_MPI_CHECK(MPI_Iallgather(in.data_ptr(), static_cast<int>(n), type, out.data_ptr(),
                                      static_cast<int>(n), type, comm_, &r));
       requests.push_back(r);
     }
-    return std::make_unique<MpiWork>(std::move(requests), [in, output] {});
+    return std::make_unique<MpiWork>(std::move(requests), [in, out, output]() mutable {
+      if (!out.is_same(output)) output.copy_(out);
+    }, place);
   }
   // Large inputs: one gather per chunk into its own buffer, put into place when complete.
   std::vector<std::pair<int64_t, torch::Tensor>> parts;
@@ -290,14 +336,14 @@ WorkPtr MpiCommunicator::all_gather_async(const torch::Tensor& input, torch::Ten
     torch::Tensor rows = output.view({world, n});
     for (const auto& [offset, tmp] : parts) rows.slice(1, offset, offset + tmp.size(1)).copy_(tmp);
   };
-  return std::make_unique<MpiWork>(std::move(requests), std::move(finish));
+  return std::make_unique<MpiWork>(std::move(requests), std::move(finish), place);
 }
 
 WorkPtr MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "send");
   check_peer(peer, "send");
   check_tag(tag, "send");
-  torch::Tensor buffer = contiguous_buffer(tensor);
+  torch::Tensor buffer = wire_buffer(tensor, true);
   const MPI_Datatype type = wire_type(buffer.scalar_type());
   std::vector<MPI_Request> requests;
   for_chunks(buffer.numel(), options_.max_chunk_elements, [&](int64_t offset, int count) {
@@ -305,14 +351,15 @@ WorkPtr MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int t
     GPT2P_MPI_CHECK(MPI_Isend(at(buffer, offset), count, type, peer, tag, comm_, &r));
     requests.push_back(r);
   });
-  return std::make_unique<MpiWork>(std::move(requests), [buffer] {});
+  return std::make_unique<MpiWork>(std::move(requests), [buffer] {},
+                                   MpiWork::Place{"send", peer, size(), options_.timeout});
 }
 
 WorkPtr MpiCommunicator::recv_async(torch::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "recv");
   check_peer(peer, "recv");
   check_tag(tag, "recv");
-  torch::Tensor buffer = contiguous_buffer(tensor);
+  torch::Tensor buffer = wire_buffer(tensor, false);
   const MPI_Datatype type = wire_type(buffer.scalar_type());
   std::vector<MPI_Request> requests;
   for_chunks(buffer.numel(), options_.max_chunk_elements, [&](int64_t offset, int count) {
@@ -322,9 +369,9 @@ WorkPtr MpiCommunicator::recv_async(torch::Tensor& tensor, int peer, int tag) {
   });
   return std::make_unique<MpiWork>(std::move(requests), [tensor, buffer]() mutable {
     if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-  });
+  }, MpiWork::Place{"recv", peer, size(), options_.timeout});
 }
 
-void MpiCommunicator::barrier() { GPT2P_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() { gpt2p::barrier(comm_, options_.timeout, "barrier"); }
 
 }  // namespace gpt2p::comm

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "gpt2p/comm/cuda_check.h"
+#include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/comm/mpi_communicator.h"
 #include "nccl_work.h"
 
@@ -77,7 +78,8 @@ class NcclCommunicator final : public Communicator {
     state_->timeout = options.timeout;
     ncclUniqueId id{};
     if (rank() == 0) GPT2P_NCCL_CHECK(ncclGetUniqueId(&id));
-    GPT2P_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, mpi_comm_));
+    broadcast_bytes(&id, static_cast<int>(sizeof(id)), 0, mpi_comm_, options.timeout,
+                    "sending the NCCL unique id");
     GPT2P_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()));
     // NCCL connects peers lazily, inside the first collective's host call, which then blocks
     // until every peer joins. One collective now, while all ranks are known to be here, moves
@@ -307,7 +309,9 @@ class NcclCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const CommOptions& options) {
   MPI_Comm dup = MPI_COMM_NULL;
-  GPT2P_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  MPI_Request r = MPI_REQUEST_NULL;
+  GPT2P_MPI_CHECK(MPI_Comm_idup(comm, &dup, &r));
+  wait_all(&r, 1, options.timeout, [] { return std::string("creating the NCCL communicator's MPI group"); });
   GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
   return std::make_unique<NcclCommunicator>(dup, options);
 }

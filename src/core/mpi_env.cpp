@@ -27,7 +27,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (initialized == 0) {
     int provided = 0;
-    GPT2P_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    GPT2P_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     owns_ = true;
   }
   GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

@@ -2,6 +2,7 @@
 
 #include <H5Cpp.h>
 
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 
@@ -192,6 +193,24 @@ std::string utc_now() {
   return buf;
 }
 
+// Every id of `split` must be a token of the file's vocabulary: a model indexes its embedding with
+// them, and an id past it would only fail deep inside torch.
+void check_token_ids(const Split& split, int32_t vocab_size, const std::string& where) {
+  const auto& tokens = split.tokens();
+  const auto bad = std::find_if(tokens.begin(), tokens.end(),
+                                [vocab_size](int32_t id) { return id < 0 || id >= vocab_size; });
+  if (bad == tokens.end()) return;
+  const int64_t pos = bad - tokens.begin();
+  const auto& offsets = split.offsets();
+  const int64_t row = std::upper_bound(offsets.begin(), offsets.end(), pos) - offsets.begin() - 1;
+  const bool in_src = pos - offsets[row] < split.src_lengths()[row];
+  GPT2P_FAIL(where << ": row " << row << " (" << (in_src ? "German source" : "English target")
+                   << ") has token id " << *bad << ", outside the vocabulary [0, " << vocab_size
+                   << ")",
+             "the file is damaged or was made for another vocabulary: re-create the dataset with "
+             "prepare_data for this vocabulary");
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -274,6 +293,7 @@ DatasetFile DatasetFile::open(const std::string& path) {
                     read_array<int64_t>(g, "offsets", H5::PredType::NATIVE_INT64, where),
                     read_array<int32_t>(g, "src_lengths", H5::PredType::NATIVE_INT32, where),
                     read_strings(g, "text_de", where), read_strings(g, "text_en", where), where));
+      check_token_ids(d.splits_.at(name), d.meta_.vocab_size, where);
     }
   } catch (const H5::Exception& e) {
     GPT2P_FAIL("reading dataset file " << path << " failed: " << e.getDetailMsg(),

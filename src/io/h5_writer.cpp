@@ -2,6 +2,7 @@
 
 #include <H5Cpp.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -23,6 +24,20 @@ H5::DataSet make_column(H5::Group& group, const std::string& name) {
   return group.createDataSet(name, H5::PredType::NATIVE_DOUBLE, space, props);
 }
 
+// Names of the datasets directly in `group`.
+std::vector<std::string> member_names(const H5::Group& group) {
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < group.getNumObjs(); ++i) names.push_back(group.getObjnameByIdx(i));
+  return names;
+}
+
+std::string joined(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 }  // namespace
 
 struct H5Writer::Impl {
@@ -34,18 +49,76 @@ struct H5Writer::Impl {
   };
   std::map<std::string, Table> tables;
   bool open = true;
+  bool continued = false;
+  std::string found_at;  // where a continued file was found
+
+  void create(const std::string& partial);
+  void reopen(const std::string& existing, const std::string& partial);
+  Table open_table(const std::string& path, const std::string& table,
+                   const std::vector<std::string>& columns);
 };
 
-H5Writer::H5Writer(std::string path) : path_(std::move(path)), impl_(std::make_unique<Impl>()) {
-  const auto parent = std::filesystem::path(path_).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-  const std::string partial = path_ + ".partial";
+void H5Writer::Impl::create(const std::string& partial) {
   try {
-    H5::Exception::dontPrint();
-    impl_->file = H5::H5File(partial, H5F_ACC_TRUNC);
+    file = H5::H5File(partial, H5F_ACC_TRUNC);
   } catch (const H5::Exception& e) {
     GPT2P_FAIL("cannot create timing file " << partial << ": " << e.getDetailMsg(),
                "check that --out points to a writable directory");
+  }
+}
+
+// Opens `existing` for writing and moves it to `partial` (an open file keeps its handle).
+void H5Writer::Impl::reopen(const std::string& existing, const std::string& partial) {
+  const char* hint =
+      "move the file out of --out to keep its rows elsewhere, then run again (a fresh file is "
+      "started)";
+  try {
+    file = H5::H5File(existing, H5F_ACC_RDWR);
+  } catch (const H5::Exception& e) {
+    GPT2P_FAIL("cannot continue timing file " << existing << ": " << e.getDetailMsg(), hint);
+  }
+  std::error_code ec;
+  if (existing != partial) std::filesystem::rename(existing, partial, ec);
+  found_at = existing;
+  GPT2P_CHECK(!ec, "cannot rename " << existing << " to " << partial << ": " << ec.message(),
+              "check the output directory");
+  continued = true;
+}
+
+// An existing table: its columns must be `columns`; rows beyond the shortest column are dropped.
+H5Writer::Impl::Table H5Writer::Impl::open_table(const std::string& path, const std::string& table,
+                                                 const std::vector<std::string>& columns) {
+  Table t{file.openGroup(table), {}, 0};
+  GPT2P_CHECK(joined(member_names(t.group)) == joined(columns),
+              "timing file " << path << ": table '" << table << "' has columns "
+                             << joined(member_names(t.group)) << " but this program records "
+                             << joined(columns),
+              "the file was written by another version: move it out of --out, then run again");
+  hsize_t rows = 0;
+  for (size_t i = 0; i < columns.size(); ++i) {
+    t.columns.push_back(t.group.openDataSet(columns[i]));
+    hsize_t n = 0;
+    t.columns.back().getSpace().getSimpleExtentDims(&n);
+    rows = i == 0 ? n : std::min(rows, n);
+  }
+  for (auto& c : t.columns) c.extend(&rows);  // extend sets the size: this trims longer columns
+  t.rows = rows;
+  return t;
+}
+
+H5Writer::H5Writer(std::string path, RecordMode mode)
+    : path_(std::move(path)), impl_(std::make_unique<Impl>()) {
+  const auto parent = std::filesystem::path(path_).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  const std::string partial = path_ + ".partial";
+  H5::Exception::dontPrint();
+  namespace fs = std::filesystem;
+  if (mode == RecordMode::kAppend && fs::is_regular_file(path_)) {
+    impl_->reopen(path_, partial);
+  } else if (mode == RecordMode::kAppend && fs::is_regular_file(partial)) {
+    impl_->reopen(partial, partial);
+  } else {
+    impl_->create(partial);
   }
 }
 
@@ -79,9 +152,42 @@ void H5Writer::set_attribute(const std::string& name, long long value) {
       .write(H5::PredType::NATIVE_LLONG, &value);
 }
 
+std::optional<std::string> H5Writer::attribute(const std::string& name) const {
+  if (!impl_->file.attrExists(name)) return std::nullopt;
+  H5::Attribute a = impl_->file.openAttribute(name);
+  if (a.getTypeClass() == H5T_STRING) {
+    std::string value;
+    a.read(a.getStrType(), value);
+    return value;
+  }
+  if (a.getTypeClass() == H5T_INTEGER) {
+    long long value = 0;
+    a.read(H5::PredType::NATIVE_LLONG, &value);
+    return std::to_string(value);
+  }
+  double value = 0;
+  a.read(H5::PredType::NATIVE_DOUBLE, &value);
+  return std::to_string(value);
+}
+
+bool H5Writer::continued() const { return impl_->continued; }
+
+void H5Writer::put_back() {
+  if (!impl_->open) return;
+  impl_->tables.clear();
+  impl_->file.close();
+  impl_->open = false;
+  std::error_code ec;
+  if (impl_->continued) std::filesystem::rename(path_ + ".partial", impl_->found_at, ec);
+}
+
 void H5Writer::add_table(const std::string& table, const std::vector<std::string>& columns) {
   GPT2P_CHECK(impl_->tables.count(table) == 0, "table '" << table << "' declared twice in " << path_,
               "declare each table once");
+  if (impl_->continued && impl_->file.nameExists(table)) {
+    impl_->tables.emplace(table, impl_->open_table(path_, table, columns));
+    return;
+  }
   Impl::Table t{impl_->file.createGroup(table), {}, 0};
   for (const auto& c : columns) t.columns.push_back(make_column(t.group, c));
   impl_->tables.emplace(table, std::move(t));

@@ -1,11 +1,23 @@
 #include "gpt2p/io/run_record.h"
 
+#include <chrono>
+#include <limits>
+#include <utility>
+
+#include "gpt2p/core/error.h"
 #include "gpt2p/io/run_info.h"
 
 namespace gpt2p::io {
 
-RunRecorder::RunRecorder(const std::string& out_dir, const RunIdentity& id)
-    : writer_(out_dir + "/rank" + std::to_string(id.rank) + ".h5") {
+RunRecorder::RunRecorder(const std::string& out_dir, const RunIdentity& id, RecordMode mode)
+    : writer_(out_dir + "/rank" + std::to_string(id.rank) + ".h5", mode) {
+  try {
+    if (writer_.continued()) check_identity(id);
+    add_tables();
+  } catch (...) {
+    writer_.put_back();  // a file that is not continued stays as it was found
+    throw;
+  }
   writer_.set_attribute("program", id.program);
   writer_.set_attribute("config", id.config_json);
   writer_.set_attribute("world_size", static_cast<long long>(id.world_size));
@@ -16,7 +28,13 @@ RunRecorder::RunRecorder(const std::string& out_dir, const RunIdentity& id)
   const auto versions = library_versions();
   writer_.set_attribute("git_commit", versions["git_commit"].get<std::string>());
   writer_.set_attribute("versions", versions.dump());
-  writer_.set_attribute("started", utc_timestamp());
+  if (!writer_.continued() || !writer_.attribute("started")) {
+    writer_.set_attribute("started", utc_timestamp());
+  }
+  start_segment();
+}
+
+void RunRecorder::add_tables() {
   writer_.add_table("steps", {"step", "epoch", "start", "end", "data", "forward", "backward",
                               "sync_total", "sync_exposed", "optimizer", "padded_tokens",
                               "target_tokens", "loss", "lr"});
@@ -25,6 +43,34 @@ RunRecorder::RunRecorder(const std::string& out_dir, const RunIdentity& id)
                                "peak_memory_bytes"});
   writer_.add_table("actions", {"step", "stage", "op", "microbatch", "start", "end", "bytes_sent",
                                 "bytes_recv"});
+  writer_.add_table("segments", {"steps_row", "epochs_row", "actions_row", "started"});
+}
+
+// A continued file must be this rank's file of a run of the same shape.
+void RunRecorder::check_identity(const RunIdentity& id) const {
+  const std::pair<const char*, std::string> fields[] = {
+      {"program", id.program},
+      {"world_size", std::to_string(id.world_size)},
+      {"rank", std::to_string(id.rank)}};
+  for (const auto& [name, ours] : fields) {
+    const std::string theirs = writer_.attribute(name).value_or("(none)");
+    GPT2P_CHECK(theirs == ours,
+                "cannot continue timing file " << writer_.path() << ": it records " << name << " "
+                                               << theirs << ", this run has " << ours,
+                "the file is another run's: move it out of --out (or use a new --out), then run "
+                "again");
+  }
+}
+
+void RunRecorder::start_segment() {
+  if (writer_.continued() && writer_.rows("segments") == 0) {
+    writer_.append("segments", {0, 0, 0, std::numeric_limits<double>::quiet_NaN()});
+  }
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  writer_.append("segments", {static_cast<double>(writer_.rows("steps")),
+                              static_cast<double>(writer_.rows("epochs")),
+                              static_cast<double>(writer_.rows("actions")), now});
 }
 
 void RunRecorder::step(const StepRecord& r) {

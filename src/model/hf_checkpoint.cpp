@@ -75,7 +75,35 @@ GPT2Config read_hf_config(const std::string& dir, int64_t extra_vocab) {
   return c;
 }
 
+// config.json must describe `model`'s shape (the vocabulary may be smaller: import_hf fills the
+// extra rows). Returns the file's config.
+GPT2Config check_hf_config(const std::string& dir, const GPT2Config& model) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  const GPT2Config hf = read_hf_config(dir);
+  const struct {
+    const char* field;
+    int64_t file, ours;
+  } fields[] = {{"n_layer", hf.n_layer, model.n_layer},
+                {"n_head", hf.n_head, model.n_head},
+                {"n_embd", hf.n_embd, model.n_embd},
+                {"n_positions", hf.n_ctx, model.n_ctx}};
+  for (const auto& f : fields) {
+    GPT2P_CHECK(f.file == f.ours,
+                path << ": " << f.field << " is " << f.file
+                     << " but the model being initialised has " << f.ours,
+                "build the model with the checkpoint's shape (--preset or --n-layer/--n-head/"
+                "--n-embd, and a --seq-len within n_positions), or initialise from a checkpoint "
+                "of this shape");
+  }
+  GPT2P_CHECK(hf.vocab_size <= model.vocab_size,
+              path << ": vocab_size is " << hf.vocab_size << " but the model being initialised has "
+                   << model.vocab_size,
+              "initialise from a GPT-2 checkpoint whose vocabulary the model's contains");
+  return hf;
+}
+
 void import_hf(const std::string& dir, GPT2Impl& model) {
+  const GPT2Config hf = check_hf_config(dir, model.config());
   const std::string path = (fs::path(dir) / "model.safetensors").string();
   const auto file = read_safetensors(path);
   auto find = [&](const std::string& ours) -> const torch::Tensor* {
@@ -96,6 +124,11 @@ void import_hf(const std::string& dir, GPT2Impl& model) {
     torch::Tensor value = is_conv1d_weight(name) ? src->t() : *src;
     if (name == "wte.weight") {
       const int64_t hf_vocab = value.size(0);
+      GPT2P_CHECK(hf_vocab == hf.vocab_size,
+                  path << ": wte has " << hf_vocab << " rows but config.json says vocab_size "
+                       << hf.vocab_size,
+                  "the two files do not belong together: re-export the checkpoint "
+                  "(save_pretrained) or fix vocab_size in config.json");
       GPT2P_CHECK(value.dim() == 2 && value.size(1) == cfg.n_embd && hf_vocab <= cfg.vocab_size,
                   path << ": wte is " << value.sizes() << ", the model needs at most ["
                        << cfg.vocab_size << ", " << cfg.n_embd << "]",

@@ -1,5 +1,6 @@
 #include "gpt2p/model/safetensors.h"
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -52,24 +53,28 @@ SafeTensors read_safetensors(const std::string& path) {
               "check the path (a Hugging Face directory holds model.safetensors)");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                 std::istreambuf_iterator<char>());
-  GPT2P_CHECK(bytes.size() >= 8,
-              path << " is " << bytes.size() << " bytes: too short for safetensors",
+  GPT2P_CHECK(!in.bad(), "reading " << path << " failed: " << std::strerror(errno),
+              "check the disk and that the file is readable");
+  return parse_safetensors(bytes.data(), bytes.size(), path);
+}
+
+SafeTensors parse_safetensors(const char* bytes, size_t size, const std::string& path) {
+  GPT2P_CHECK(size >= 8, path << " is " << size << " bytes: too short for safetensors",
               "the file is truncated or not safetensors; write it again");
-  const uint64_t n = read_le64(reinterpret_cast<const unsigned char*>(bytes.data()));
-  GPT2P_CHECK(n <= bytes.size() - 8,
-              path << ": header length " << n << " exceeds the file size " << bytes.size(),
+  const uint64_t n = read_le64(reinterpret_cast<const unsigned char*>(bytes));
+  GPT2P_CHECK(n <= size - 8, path << ": header length " << n << " exceeds the file size " << size,
               "the file is truncated or not safetensors; write it again");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
   } catch (const nlohmann::json::exception& e) {
     GPT2P_FAIL(path << ": safetensors header is not valid JSON: " << e.what(),
                "the file is corrupt; write it again");
   }
   GPT2P_CHECK(header.is_object(), path << ": safetensors header is not a JSON object",
               "the file is corrupt; write it again");
-  const char* data = bytes.data() + 8 + n;
-  const uint64_t data_size = bytes.size() - 8 - n;
+  const char* data = bytes + 8 + n;
+  const uint64_t data_size = size - 8 - n;
   SafeTensors out;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -100,40 +105,40 @@ SafeTensors read_safetensors(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void stream_safetensors(const ByteSink& sink, const std::map<std::string, torch::Tensor>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<torch::Tensor> cpu;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    cpu.push_back(t.detach().to(torch::kCPU).contiguous());
-    const uint64_t nbytes = static_cast<uint64_t>(cpu.back().numel()) * cpu.back().element_size();
+    const uint64_t nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     header[name] = {{"dtype", dtype_name(t.scalar_type(), name)},
-                    {"shape", cpu.back().sizes().vec()},
+                    {"shape", t.sizes().vec()},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-  write_atomically(path, [&](const std::string& tmp) {
-    std::ofstream out(tmp, std::ios::binary);
-    GPT2P_CHECK(out.good(), "cannot open " << tmp << " for writing",
-                "check that the directory exists and is writable");
-    unsigned char len[8];
-    uint64_t n = text.size();
-    for (unsigned char& b : len) {
-      b = static_cast<unsigned char>(n & 0xff);
-      n >>= 8;
-    }
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& t : cpu) {
-      out.write(static_cast<const char*>(t.data_ptr()),
-                static_cast<std::streamsize>(t.numel() * t.element_size()));
-    }
-    out.close();
-    GPT2P_CHECK(!out.fail(), "writing " << tmp << " failed", "check free disk space");
+  unsigned char len[8];
+  uint64_t n = text.size();
+  for (unsigned char& b : len) {
+    b = static_cast<unsigned char>(n & 0xff);
+    n >>= 8;
+  }
+  sink(len, sizeof len);
+  sink(text.data(), text.size());
+  for (const auto& [name, t] : tensors) {
+    const auto cpu = t.detach().to(torch::kCPU).contiguous();
+    const size_t nbytes = static_cast<size_t>(cpu.numel()) * cpu.element_size();
+    if (nbytes > 0) sink(cpu.data_ptr(), nbytes);
+  }
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  for (const auto& [name, t] : tensors) dtype_name(t.scalar_type(), name);  // before any file
+  write_file_atomically(path, [&](FileWriter& out) {
+    stream_safetensors([&](const void* data, size_t n) { out.write(data, n); }, tensors, metadata);
   });
 }
 

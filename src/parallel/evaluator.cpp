@@ -1,5 +1,6 @@
 #include "gpt2p/parallel/evaluator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -14,6 +15,15 @@ torch::Tensor to_device(const std::vector<int64_t>& v, int64_t rows, int64_t col
                         const torch::Device& device) {
   return torch::from_blob(const_cast<int64_t*>(v.data()), {rows, cols}, torch::kInt64)
       .to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// The most tokens greedy decoding generates for a reference of `reference_tokens`: half again as
+// many plus a few. A hypothesis that long is already a poor translation, and an untrained model
+// (which rarely emits <eos_en>) then stops long before filling seq_len, each step being a full
+// forward pass.
+int64_t generation_budget(size_t reference_tokens) {
+  const auto n = static_cast<int64_t>(reference_tokens);
+  return n + n / 2 + 8;
 }
 
 }  // namespace
@@ -72,7 +82,9 @@ std::vector<Translation> translate(const LogitsFn& logits, const data::Split& sp
     if (static_cast<int64_t>(ids.size()) > seq_len / 2) ids.resize(static_cast<size_t>(seq_len / 2));
     ids.push_back(special.eos_de);
     std::vector<int32_t> generated;
-    while (static_cast<int64_t>(ids.size()) < seq_len) {
+    const int64_t limit = std::min<int64_t>(
+        seq_len, static_cast<int64_t>(ids.size()) + generation_budget(split.tgt(i).size()));
+    while (static_cast<int64_t>(ids.size()) < limit) {
       auto input = to_device(ids, 1, static_cast<int64_t>(ids.size()), device);
       auto last = logits(input).select(1, -1).narrow(-1, 0, vocab_size);
       const int64_t next = last.argmax(-1).item<int64_t>();

@@ -6,9 +6,12 @@
 #include <limits>
 #include <memory>
 
+#include "gpt2p/cli/main_guard.h"
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/checkpoint_commit.h"
 #include "gpt2p/parallel/evaluator.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_common.h"
@@ -123,6 +126,7 @@ namespace {
 // A resumed run keeps the split its checkpoint was written with (a measured split can come out
 // differently on another day): stage s's layer range from <resume>/stage<s>/meta.json.
 pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages) {
+  check_stage_checkpoint(resume, n_stages);
   pipeline::Partition split;
   for (int s = 0; s < n_stages; ++s) {
     const std::string dir = resume + "/stage" + std::to_string(s);
@@ -142,6 +146,7 @@ pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages
 }  // namespace
 
 int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
+  const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, cli::Program::kPipeline, topo);
   const auto& cfg = ctx.cfg;
   const int n = topo.size, rank = topo.rank;
@@ -197,9 +202,6 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     my_stages.push_back(s);
     models.push_back(model);
   }
-  const auto ckpt_dir = [&](int c) {
-    return cfg.out + "/checkpoint/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
-  };
   model::TrainState state;
   if (!cfg.resume.empty()) {
     for (int c = 0; c < v; ++c) {
@@ -209,7 +211,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                                        optimizers[static_cast<size_t>(c)].get());
       if (c == 0) state = st;
     }
-    compat::set_cpu_rng_state(state.rng_state);
+    compat::set_rng_state(ctx.device, state.rng_state);
     data.set_position({state.epoch, state.batch_in_epoch});
   }
 
@@ -235,7 +237,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
           : pipeline::make_schedule(kind, m, n, v);
   pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
                               ctx.device);
-  io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"));
+  // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
+  io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"),
+                           cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   recorder.set_attribute("stage", rank);
   // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
   // (layer_begin_<c>, layer_end_<c>).
@@ -278,13 +282,18 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   compat::DeviceClock clock(ctx.device, 3);
   int64_t step = state.step;
   bool done = false;
-  const auto save = [&](int64_t epoch, int64_t batch) {
-    model::TrainState s{step, epoch, batch, cfg.seed, compat::cpu_rng_state(), cli::to_json(cfg)};
+  const std::string checkpoint = cfg.out + "/checkpoint";
+  const auto save = [&](int64_t epoch, int64_t next_batch) {
+    const auto at = resume_point(epoch, next_batch, per_epoch);
+    std::vector<StagePart> parts;
     for (int c = 0; c < v; ++c) {
-      model::save_checkpoint(ckpt_dir(c), *models[static_cast<size_t>(c)],
-                             optimizers[static_cast<size_t>(c)].get(), s);
+      parts.push_back({my_stages[static_cast<size_t>(c)], models[static_cast<size_t>(c)].get(),
+                       optimizers[static_cast<size_t>(c)].get()});
     }
+    save_stage_checkpoints(ctx, checkpoint, parts, n_stages,
+                           {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
   };
+  int stopped_by = 0;  // the signal that stopped the run
   double run_peak = 0;  // bytes: the largest epoch training peak
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
     for (auto& model : models) model->train();
@@ -336,10 +345,18 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       rec.lr = cfg.lr;
       finish_step(recorder, rec, totals,
                   {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, 1.0});
-      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); })) {
+      stopped_by = stop_requested(*ctx.control);
+      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
+                       stopped_by != 0)) {
+        if (stopped_by != 0) save(epoch, b + 1);
         done = true;
         break;
       }
+    }
+    if (stopped_by != 0) {
+      recorder.close();
+      report_stopped("pp_train", stopped_by, step, checkpoint, rank);
+      return cli::kExitStopped;
     }
     const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals, ctx.device);
     run_peak = std::max(run_peak, totals.peak_memory_bytes);

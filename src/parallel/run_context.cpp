@@ -1,7 +1,16 @@
 #include "gpt2p/parallel/run_context.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
+
+#include "gpt2p/cli/config_agreement.h"
+#include "gpt2p/cli/main_guard.h"
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
@@ -10,23 +19,106 @@
 
 namespace gpt2p::parallel {
 
+namespace {
+
+// What must hold before a run starts, checked on every rank (cli::on_every_rank): --out can be
+// written, and a fresh run does not replace a checkpoint that is already there.
+void check_output(const cli::TrainConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(cfg.out, ec);
+  if (ec || ::access(cfg.out.c_str(), W_OK) != 0) {
+    throw cli::UsageError("--out " + cfg.out + ": cannot write there (" +
+                          (ec ? ec.message() : std::string(std::strerror(errno))) +
+                          ") -- fix: pass a writable directory");
+  }
+  if (!fs::is_regular_file(cfg.data)) {
+    throw cli::UsageError("--data " + cfg.data +
+                          ": no such file -- fix: make it with prepare_data --out " + cfg.data +
+                          " (scripts/run does), or pass the dataset's path");
+  }
+  const std::string checkpoint = cfg.out + "/checkpoint";
+  if (cfg.resume.empty() && !cfg.overwrite && fs::exists(checkpoint)) {
+    throw cli::UsageError("--out " + cfg.out + " already holds a checkpoint (" + checkpoint +
+                          ") that this fresh run would replace -- fix: continue it with --resume " +
+                          checkpoint + ", start over with --overwrite, or pick another --out");
+  }
+  if (!cfg.resume.empty() && !fs::is_directory(cfg.resume)) {
+    throw cli::UsageError("--resume " + cfg.resume +
+                          ": no such checkpoint directory -- fix: pass the checkpoint directory a "
+                          "run wrote (<out>/checkpoint)");
+  }
+}
+
+// Where this rank computes and how the ranks talk. --device cuda: NCCL when every rank of every
+// node has a GPU of its own; ranks that share GPUs use MPI through host memory (--comm auto), or
+// are refused (--comm nccl) before NCCL could hang or fail on a duplicate GPU.
+struct Placement {
+  torch::Device device{torch::kCPU};
+  comm::Backend backend = comm::Backend::kMpi;
+  bool shared_gpus = false;
+};
+
+Placement place_rank(const cli::TrainConfig& cfg, const Topology& topo,
+                     std::chrono::milliseconds timeout) {
+  const bool gpu = cfg.device == "cuda";
+  const int gpus = gpu ? static_cast<int>(torch::cuda::device_count()) : 0;
+  int own = !gpu || topo.local_size <= gpus ? 1 : 0;  // every rank of this node has its own GPU
+  allreduce_ints(&own, 1, MPI_MIN, MPI_COMM_WORLD, timeout, "placing the ranks on GPUs");
+  Placement p;
+  cli::on_every_rank(
+      [&] {
+        if (!gpu) {
+          if (cfg.comm == "nccl") {
+            throw cli::UsageError("--comm nccl needs --device cuda -- fix: use --comm auto or mpi");
+          }
+          return;
+        }
+        if (cfg.comm == "nccl" && topo.local_size > gpus) {
+          throw cli::UsageError(
+              "--comm nccl: " + std::to_string(topo.local_size) + " ranks on " + topo.host +
+              " share " + std::to_string(gpus) +
+              " GPU(s), and NCCL needs one GPU per rank -- fix: start at most " +
+              std::to_string(gpus) + " ranks per node, or use --comm auto (MPI for ranks that "
+              "share a GPU)");
+        }
+      },
+      timeout);
+  if (!gpu) return p;
+  p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % gpus));
+  p.shared_gpus = own == 0;
+  p.backend = cfg.comm == "mpi" || p.shared_gpus ? comm::Backend::kMpi : comm::Backend::kNccl;
+  return p;
+}
+
+}  // namespace
+
 RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const Topology& topo) {
-  cli::resolve_train_config(cfg, program, compat::cuda_available());
-  auto tokenizer = data::BpeTokenizer::from_dir(cfg.vocab_dir);
-  const auto special = data::register_special_tokens(tokenizer);
-  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr,
-                 nullptr,        nullptr, std::move(tokenizer),       special, {}};
+  std::optional<data::BpeTokenizer> tokenizer;
+  cli::on_every_rank([&] {
+    cli::resolve_train_config(cfg, program, compat::cuda_available());
+    check_output(cfg);
+    tokenizer.emplace(data::BpeTokenizer::from_dir(cfg.vocab_dir));
+  });
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
+  cli::check_same_config(cli::to_json(cfg), timeout);
+  const auto special = data::register_special_tokens(*tokenizer);
+  const Placement placement = place_rank(cfg, topo, timeout);
+  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
+                 nullptr,        nullptr, std::move(*tokenizer),      special, {}};
   comm::CommOptions copts;
-  copts.timeout = std::chrono::milliseconds(static_cast<int64_t>(ctx.cfg.comm_timeout_s * 1000));
-  if (ctx.cfg.device == "cuda") {
-    const int gpus = static_cast<int>(torch::cuda::device_count());
-    GPT2P_CHECK(topo.local_rank < gpus,
-                "local rank " << topo.local_rank << " on " << topo.host << " has no GPU of its own ("
-                              << gpus << " visible)",
-                "start at most one rank per GPU on each node (mpirun -np <GPUs> or --map-by)");
-    ctx.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
+  copts.timeout = timeout;
+  copts.backend = placement.backend;
+  ctx.device = placement.device;
+  if (ctx.device.is_cuda()) {
     compat::set_current_device(ctx.device);
-    copts.backend = comm::Backend::kNccl;
+    copts.device = ctx.device;
+    if (placement.shared_gpus && topo.rank == 0) {
+      std::fprintf(stderr,
+                   "warning: ranks share GPUs (%d on %s): they talk over MPI through host memory, "
+                   "so timings are not meaningful; use one rank per GPU to measure\n",
+                   topo.local_size, topo.host.c_str());
+    }
   } else {
     // Ranks sharing a node share its cores.
     const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
@@ -39,6 +131,10 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
     ctx.act_wrap_comm = comm::make_communicator(copts);
     ctx.grad_wrap_comm = comm::make_communicator(copts);
   }
+  // Host-side control (stop requests, checkpoint commits): MPI on the CPU, whatever the device.
+  comm::CommOptions control;
+  control.timeout = timeout;
+  ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
   return ctx;
 }

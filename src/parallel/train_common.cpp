@@ -6,6 +6,7 @@
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/stop_signal.h"
 
 namespace gpt2p::parallel {
 
@@ -72,10 +73,31 @@ void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTota
 }
 
 bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
-                  const std::function<void()>& save) {
+                  const std::function<void()>& save, bool stopping) {
   ++step;
+  if (stopping) return true;
   if (save_every > 0 && step % save_every == 0) save();
   return max_steps > 0 && step >= max_steps;
+}
+
+int stop_requested(comm::Communicator& control) {
+  auto flag = torch::tensor({StopSignals::received()}, torch::kInt32);
+  if (control.size() > 1) {
+    // The largest signal number any rank saw (SIGTERM 15 > SIGINT 2): one agreed answer.
+    auto all = control.all_gather(flag);
+    flag = all.max();
+  }
+  return flag.item<int>();
+}
+
+void report_stopped(const char* program, int signal, int64_t step, const std::string& checkpoint,
+                    int rank) {
+  if (rank != 0) return;
+  std::printf("%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue "
+              "with --resume %s\n",
+              program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(),
+              checkpoint.c_str());
+  std::fflush(stdout);
 }
 
 data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,

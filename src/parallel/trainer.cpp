@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "gpt2p/cli/main_guard.h"
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/checkpoint_commit.h"
 #include "gpt2p/parallel/evaluator.h"
 #include "gpt2p/parallel/grad_norm.h"
 #include "gpt2p/parallel/grad_sync.h"
@@ -29,6 +32,7 @@ struct Step {
 
 int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, const Topology& topo) {
   const char* name = program == cli::Program::kSingle ? "gpt2_train" : "dp_train";
+  const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, program, topo);
   const auto& cfg = ctx.cfg;
   GPT2P_CHECK(program != cli::Program::kSingle || topo.size == 1,
@@ -62,7 +66,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   model::TrainState state;
   if (!cfg.resume.empty()) {
     state = model::load_checkpoint(cfg.resume, *model, &optimizer);
-    compat::set_cpu_rng_state(state.rng_state);
+    compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
     data.set_position({state.epoch, state.batch_in_epoch});
   }
   const auto reduce_dtype = cfg.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
@@ -71,7 +75,9 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
                              cfg.embedding_sync == "sparse" ? model->tied_parameter() : torch::Tensor());
   if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
 
-  io::RunRecorder recorder(cfg.out, run_identity(ctx, name));
+  // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
+  io::RunRecorder recorder(cfg.out, run_identity(ctx, name),
+                           cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   const bool bf16 = cfg.precision == "bf16";
   const auto positions = model::parse_loss_positions(cfg.loss_positions);
   const int64_t vocab = ctx.model_config.vocab_size;
@@ -96,11 +102,13 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   compat::DeviceClock clock(ctx.device, 2 * cfg.grad_accum + 3);
   int64_t step = state.step;
   bool done = false;
-  const auto save = [&](int64_t epoch, int64_t batch) {
-    if (rank != 0) return;
-    model::TrainState s{step, epoch, batch, cfg.seed, compat::cpu_rng_state(), cli::to_json(cfg)};
-    model::save_checkpoint(cfg.out + "/checkpoint", *model, &optimizer, s);
+  const std::string checkpoint = cfg.out + "/checkpoint";
+  const auto save = [&](int64_t epoch, int64_t next_batch) {
+    const auto at = resume_point(epoch, next_batch, per_epoch);
+    save_replicated_checkpoint(ctx, checkpoint, *model, optimizer,
+                               {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
   };
+  int stopped_by = 0;  // the signal that stopped the run
 
   double run_peak = 0;  // bytes: the largest epoch training peak
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
@@ -161,10 +169,18 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       rec.lr = cfg.lr;
       finish_step(recorder, rec, totals,
                   {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, static_cast<double>(world)});
-      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); })) {
+      stopped_by = stop_requested(*ctx.control);
+      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
+                       stopped_by != 0)) {
+        if (stopped_by != 0) save(epoch, b + 1);
         done = true;
         break;
       }
+    }
+    if (stopped_by != 0) {
+      recorder.close();
+      report_stopped(name, stopped_by, step, checkpoint, rank);
+      return cli::kExitStopped;
     }
     // HW5's per-rank line, then evaluation (not part of the training time).
     const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals, ctx.device);

@@ -1,4 +1,5 @@
-// The pipeline on 2 GPUs over NCCL, as pp_train runs it: one communicator per channel (activations,
+// The pipeline on GPUs as pp_train runs it, over NCCL with a GPU per rank, else (ranks sharing one
+// GPU) over MPI through host memory: one communicator per channel (activations,
 // gradients, and the two wrap channels of the interleaved schedule). For GPipe, 1F1B and the
 // interleaved schedule (2 stages per rank), the loss and every parameter's gradient equal the whole
 // model's on the same batch, computed on the same GPU. tests/mpi/test_pp.cpp checks the same on
@@ -31,9 +32,15 @@ model::GPT2Config small_config() { return gpt2p::testing::small_model(8, 500); }
 class PipelineGpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (gpus < 1) GTEST_SKIP() << "needs a GPU";
+    // One GPU per rank: NCCL. Ranks sharing GPUs: the MPI backend on CUDA tensors, as pp_train's
+    // --comm auto picks there.
+    const auto topo = query_topology(MPI_COMM_WORLD);
     comm::CommOptions options;
-    options.backend = comm::Backend::kNccl;
+    options.backend = topo.local_size <= gpus ? comm::Backend::kNccl : comm::Backend::kMpi;
+    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % gpus));
+    compat::set_current_device(options.device);
     for (auto& c : comms) c = comm::make_communicator(options);
     if (comms[0]->size() < 2) GTEST_SKIP() << "needs 2 ranks";
     device = comms[0]->device();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "gpt2p/cli/main_guard.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/trainer.h"
 #include "support/h5_read.h"
@@ -77,6 +78,71 @@ TEST_F(DataParallelTrainer, SparseAndDenseEmbeddingSyncTrainTheSame) {
   ASSERT_EQ(train_data_parallel(sparse, cli::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(dense, cli::Program::kDataParallel, topo), 0);
   expect_same_losses("sparse", "dense", 3);
+}
+
+}  // namespace
+}  // namespace gpt2p::parallel
+
+namespace gpt2p::parallel {
+namespace {
+
+// With dropout every rank draws its own masks: a resumed run continues each rank's generator
+// (the checkpoint keeps one state per rank), so every rank's losses equal the unbroken run's
+// exactly.
+TEST_F(DataParallelTrainer, ResumeWithDropoutIsBitwiseOnEveryRank) {
+  const auto with_dropout = [&](const std::string& out, int64_t steps) {
+    auto c = config(out, steps);
+    c.dropout = 0.1;
+    return c;
+  };
+  ASSERT_EQ(train_data_parallel(with_dropout("a", 2), cli::Program::kDataParallel, topo), 0);
+  auto resumed = with_dropout("b", 3);
+  resumed.resume = dir + "/a/checkpoint";
+  ASSERT_EQ(train_data_parallel(resumed, cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(with_dropout("c", 3), cli::Program::kDataParallel, topo), 0);
+  EXPECT_EQ(model::read_train_state(dir + "/a/checkpoint").rank_rng_states.size(),
+            static_cast<size_t>(comm->size()));
+  expect_resume_continues_the_run(0.0);
+}
+
+// A checkpoint taken on an epoch's last step resumes at the next epoch's first batch.
+TEST_F(DataParallelTrainer, ACheckpointOnAnEpochsLastStepResumes) {
+  auto one = config("p", 0);
+  one.save_every = -1;
+  ASSERT_EQ(train_data_parallel(one, cli::Program::kDataParallel, topo), 0);
+  const auto per_epoch = static_cast<int64_t>(read_column(rank_file("p"), "/steps/step").size());
+  auto a = config("a", per_epoch);
+  a.epochs = 2;
+  a.save_every = per_epoch;
+  ASSERT_EQ(train_data_parallel(a, cli::Program::kDataParallel, topo), 0);
+  const auto state = model::read_train_state(dir + "/a/checkpoint");
+  EXPECT_EQ(state.epoch, 1);
+  EXPECT_EQ(state.batch_in_epoch, 0);
+  auto b = config("b", per_epoch + 1);
+  b.epochs = 2;
+  b.resume = dir + "/a/checkpoint";
+  ASSERT_EQ(train_data_parallel(b, cli::Program::kDataParallel, topo), 0);
+  EXPECT_EQ(read_column(rank_file("b"), "/steps/epoch"), (std::vector<double>{1}));
+}
+
+// A fresh run into an --out that holds a checkpoint is refused on every rank, the checkpoint
+// untouched; --overwrite lets it start over.
+TEST_F(DataParallelTrainer, AFreshRunDoesNotReplaceACheckpointWithoutOverwrite) {
+  ASSERT_EQ(train_data_parallel(config("a", 2), cli::Program::kDataParallel, topo), 0);
+  const auto before = fs::last_write_time(dir + "/a/checkpoint/model.safetensors");
+  try {
+    train_data_parallel(config("a", 1), cli::Program::kDataParallel, topo);
+    ADD_FAILURE() << "a fresh run over a checkpoint must be refused";
+  } catch (const cli::AgreedFailure& e) {
+    EXPECT_EQ(e.code, cli::kExitUsage);
+    if (e.reporter) {
+      EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(fs::last_write_time(dir + "/a/checkpoint/model.safetensors"), before);
+  auto again = config("a", 1);
+  again.overwrite = true;
+  EXPECT_EQ(train_data_parallel(again, cli::Program::kDataParallel, topo), 0);
 }
 
 }  // namespace

@@ -128,7 +128,8 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
     train_pipeline(resumed, topo);
     ADD_FAILURE() << "resuming " << n << " stages as " << 2 * n << " should fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no checkpoint for stage " + std::to_string(n)),
+    EXPECT_NE(std::string(e.what()).find("holds " + std::to_string(n) + " stages, this run has " +
+                                         std::to_string(2 * n)),
               std::string::npos)
         << e.what();
   }
@@ -160,6 +161,51 @@ TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
   const auto count = [&](double op) { return std::count(ops.begin(), ops.end(), op); };
   EXPECT_GT(count(7), 0);
   EXPECT_EQ(count(7), count(1));
+}
+
+}  // namespace
+}  // namespace gpt2p::parallel
+
+namespace gpt2p::parallel {
+namespace {
+
+// Every stage's checkpoint is one commit: a manifest at the root, no staging directory left, and
+// a resume refuses a root without the manifest or with a stage at another step.
+TEST_F(PipelineTrainer, StageCheckpointsAreCommittedTogether) {
+  auto c = config("a", 3, "uniform");
+  c.save_every = 1;
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  const std::string root = dir + "/a/checkpoint";
+  EXPECT_EQ(model::read_checkpoint_manifest(root).value("step", -1), 3);
+  EXPECT_FALSE(fs::exists(root + ".next"));
+  for (int s = 0; s < comm->size(); ++s) {
+    EXPECT_EQ(model::read_train_state(root + "/stage" + std::to_string(s)).step, 3) << s;
+  }
+  const auto expect_refused = [&](const std::string& fragment) {
+    auto resumed = config("b", 4, "uniform");
+    resumed.resume = root;
+    try {
+      train_pipeline(resumed, topo);
+      ADD_FAILURE() << "the resume must be refused: " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  // A stage from another save (as a kill between two stages' writes used to leave).
+  auto two = config("two", 2, "uniform");
+  two.save_every = 1;
+  ASSERT_EQ(train_pipeline(two, topo), 0);
+  comm->barrier();
+  if (comm->rank() == 0) {
+    remove_tree(root + "/stage1");
+    fs::copy(dir + "/two/checkpoint/stage1", root + "/stage1", fs::copy_options::recursive);
+  }
+  comm->barrier();
+  expect_refused("stage 1 is at step 2 but the checkpoint was committed at step 3");
+  comm->barrier();
+  if (comm->rank() == 0) fs::remove(root + "/manifest.json");
+  comm->barrier();
+  expect_refused("not a committed checkpoint");
 }
 
 }  // namespace

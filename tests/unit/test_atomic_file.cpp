@@ -2,8 +2,11 @@
 #include "gpt2p/core/atomic_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -23,6 +26,46 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A small tmpfs mounted on a fresh directory, to make a real full or read-only file system.
+// Mounting needs root (the test machines run tests as root); tests skip when it is refused.
+class Tmpfs {
+ public:
+  explicit Tmpfs(const std::string& options, unsigned long flags = 0) : dir_("tmpfs") {
+    mounted_ = ::mount("tmpfs", dir_.str().c_str(), "tmpfs", flags, options.c_str()) == 0;
+    error_ = mounted_ ? "" : std::strerror(errno);
+  }
+  ~Tmpfs() {
+    if (mounted_) ::umount2(dir_.str().c_str(), MNT_DETACH);
+  }
+  Tmpfs(const Tmpfs&) = delete;
+  Tmpfs& operator=(const Tmpfs&) = delete;
+
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  std::string operator/(const std::string& name) const { return dir_ / name; }
+  int entries() const { return dir_.entries(); }
+
+ private:
+  TempDir dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// The message and fix of the FileError that `f` throws, and its errno.
+struct Caught {
+  std::string what;
+  std::string hint;
+  int error_number = 0;
+};
+Caught file_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const FileError& e) {
+    return {e.what(), e.hint(), e.error_number()};
+  }
+  return {"(no FileError)", "", 0};
 }
 
 TEST(RemoveTree, RemovesNestedDirectoriesButNotWhatLinksPointTo) {
@@ -83,6 +126,104 @@ TEST(AtomicDir, FailedWriteKeepsThePreviousDirectory) {
                Error);
   EXPECT_EQ(slurp(ckpt + "/w"), "ok");
   EXPECT_EQ(dir.entries(), 1);
+}
+
+TEST(FileWriter, DevFullIsNoSpaceLeftOnDeviceNamingTheFile) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  const std::string block(1 << 16, 'x');
+  const auto e = file_error_of([&] {
+    FileWriter out("/dev/full");
+    out.write(block);
+    out.close();
+  });
+  EXPECT_EQ(e.error_number, ENOSPC) << e.what;
+  EXPECT_NE(e.what.find("no space left on device writing /dev/full"), std::string::npos) << e.what;
+  EXPECT_NE(e.hint.find("free disk space"), std::string::npos) << e.hint;
+}
+
+TEST(FileWriter, MissingDirectoryNamesThePath) {
+  TempDir dir("writer");
+  const auto e = file_error_of([&] { FileWriter out(dir / "no/such/dir/f"); });
+  EXPECT_EQ(e.error_number, ENOENT) << e.what;
+  EXPECT_NE(e.what.find(dir / "no/such/dir/f"), std::string::npos) << e.what;
+}
+
+TEST(AtomicFile, FullFileSystemKeepsTheOldFileAndLeavesNoTemporary) {
+  Tmpfs tmpfs("size=64k");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << tmpfs.error();
+  const std::string path = tmpfs / "f.bin";
+  write_bytes_atomically(path, "old");
+  const auto e = file_error_of([&] { write_bytes_atomically(path, std::string(1 << 20, 'y')); });
+  EXPECT_EQ(e.error_number, ENOSPC) << e.what;
+  EXPECT_NE(e.what.find("no space left on device writing " + path + ".tmp."), std::string::npos)
+      << e.what;
+  EXPECT_NE(e.hint.find("free disk space"), std::string::npos) << e.hint;
+  EXPECT_EQ(slurp(path), "old");
+  EXPECT_EQ(tmpfs.entries(), 1) << "the temporary file must be gone";
+  // The same through write_text_atomically (meta.json, config files).
+  EXPECT_EQ(file_error_of([&] { write_text_atomically(path, std::string(1 << 20, 'z')); })
+                .error_number,
+            ENOSPC);
+  EXPECT_EQ(slurp(path), "old");
+}
+
+TEST(AtomicFile, ReadOnlyFileSystemSaysSoInsteadOfDiskSpace) {
+  Tmpfs tmpfs("size=64k", MS_RDONLY);
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << tmpfs.error();
+  const auto e = file_error_of([&] { write_text_atomically(tmpfs / "f.txt", "x"); });
+  EXPECT_EQ(e.error_number, EROFS) << e.what;
+  EXPECT_NE(e.what.find("read-only file system"), std::string::npos) << e.what;
+  EXPECT_NE(e.what.find(tmpfs / "f.txt"), std::string::npos) << e.what;
+  EXPECT_NE(e.hint.find("writable directory"), std::string::npos) << e.hint;
+  EXPECT_EQ(e.hint.find("disk space"), std::string::npos) << e.hint;
+  // A checkpoint-like directory below it: the same error, from creating the temporary directory.
+  const auto d = file_error_of([&] {
+    write_dir_atomically(tmpfs / "ckpt", [](const std::string& tmp) {
+      write_text_atomically(tmp + "/w", "x");
+    });
+  });
+  EXPECT_EQ(d.error_number, EROFS) << d.what;
+}
+
+TEST(ReplaceDir, StagedDirectoryBecomesTheNewOneInOneRename) {
+  TempDir dir("replace_dir");
+  const std::string ckpt = dir / "ckpt";
+  for (const char* text : {"one", "two"}) {
+    const std::string staged = dir / "staged";
+    fs::create_directories(staged + "/stage0");
+    write_text_atomically(staged + "/stage0/w", text);
+    write_text_atomically(staged + "/manifest.json", "{}");
+    replace_dir(staged, ckpt);
+    EXPECT_FALSE(fs::exists(staged));
+    EXPECT_EQ(slurp(ckpt + "/stage0/w"), text);
+  }
+  EXPECT_EQ(dir.entries(), 1) << "no ckpt.old.* may be left";
+  // A trailing slash names the same directory (the old one is not moved inside itself).
+  fs::create_directories(dir / "staged");
+  write_text_atomically(dir / "staged/w", "three");
+  replace_dir(dir / "staged/", ckpt + "/");
+  EXPECT_EQ(slurp(ckpt + "/w"), "three");
+  EXPECT_EQ(dir.entries(), 1);
+}
+
+TEST(ReplaceDir, FailedRenameRestoresThePreviousDirectory) {
+  TempDir dir("replace_dir_fail");
+  const std::string ckpt = dir / "ckpt";
+  write_dir_atomically(ckpt,
+                       [](const std::string& tmp) { write_text_atomically(tmp + "/w", "ok"); });
+  // Not a directory: refused before anything moves.
+  write_text_atomically(dir / "file", "x");
+  EXPECT_THROW(replace_dir(dir / "file", ckpt), Error);
+  EXPECT_EQ(slurp(ckpt + "/w"), "ok");
+  // A directory cannot be renamed into itself (EINVAL): the rename fails after the previous one
+  // was moved aside, and it must come back.
+  fs::create_directories(ckpt + "/inner");
+  write_text_atomically(ckpt + "/inner/w", "inner");
+  const auto e = file_error_of([&] { replace_dir(ckpt, ckpt + "/inner"); });
+  EXPECT_EQ(e.error_number, EINVAL) << e.what;
+  EXPECT_EQ(slurp(ckpt + "/inner/w"), "inner");
+  EXPECT_EQ(slurp(ckpt + "/w"), "ok");
+  EXPECT_EQ(dir.entries(), 2) << "ckpt and file only";
 }
 
 }  // namespace

@@ -1,13 +1,19 @@
 // safetensors, Hugging Face import/export, our checkpoints, and the gpt2_eval program.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
@@ -22,6 +28,7 @@ namespace gpt2p::model {
 namespace {
 
 using gpt2p::testing::error_of;
+using gpt2p::testing::error_with_hint;
 
 namespace fs = std::filesystem;
 
@@ -269,6 +276,284 @@ TEST(Checkpoint, MismatchErrorsNameCheckpointParameterShapesAndFix) {
               load_checkpoint(dir / "nothing", *same, nullptr);
             }).find("has no meta.json"),
             std::string::npos);
+}
+
+// A small tmpfs mounted on a fresh directory, for a real full disk. Mounting needs root (the test
+// machines run tests as root); tests skip when it is refused.
+class Tmpfs {
+ public:
+  explicit Tmpfs(const std::string& options) : dir_("tmpfs") {
+    mounted_ = ::mount("tmpfs", dir_.str().c_str(), "tmpfs", 0, options.c_str()) == 0;
+    error_ = mounted_ ? "" : std::strerror(errno);
+  }
+  ~Tmpfs() {
+    if (mounted_) ::umount2(dir_.str().c_str(), MNT_DETACH);
+  }
+  Tmpfs(const Tmpfs&) = delete;
+  Tmpfs& operator=(const Tmpfs&) = delete;
+
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  std::string operator/(const std::string& name) const { return dir_ / name; }
+  int entries() const { return dir_.entries(); }
+  bool remount_read_only() const {
+    return ::mount("tmpfs", dir_.str().c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "") == 0;
+  }
+  uint64_t free_bytes() const {
+    struct statvfs st {};
+    ::statvfs(dir_.str().c_str(), &st);
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+
+ private:
+  TempDir dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A tiny model one AdamW step in (so the optimizer has state), saved at `step`.
+struct Trained {
+  GPT2 model{tiny_config()};
+  torch::optim::AdamW opt{model->parameters(), torch::optim::AdamWOptions(1e-3)};
+  Trained() {
+    model->reset_parameters(3);
+    const auto ids = ids_for(model->config());
+    opt.zero_grad();
+    model->lm_loss_all(model->forward(ids), ids).backward();
+    opt.step();
+  }
+  void save(const std::string& dir, int64_t step) {
+    TrainState s;
+    s.step = step;
+    save_checkpoint(dir, *model, &opt, s);
+  }
+};
+
+TEST(Checkpoint, FullDiskKeepsThePreviousCheckpointAndSaysWhy) {
+  Tmpfs tmpfs("size=8m");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << tmpfs.error();
+  Trained t;
+  const std::string ckpt = tmpfs / "checkpoint";
+  t.save(ckpt, 1);
+  const auto model_bytes = fs::file_size(ckpt + "/model.safetensors");
+  ASSERT_GT(fs::file_size(ckpt + "/optimizer.pt"), model_bytes);
+  // Room for the model file but not the optimizer's (the path that aborted in torch's stream
+  // writer), then room for almost nothing.
+  for (const uint64_t room : {model_bytes + 64 * 1024, uint64_t{4096}}) {
+    {
+      FileWriter filler(tmpfs / "filler");
+      const uint64_t n = tmpfs.free_bytes() > room ? tmpfs.free_bytes() - room : 0;
+      const std::string block(1 << 16, '\0');
+      for (uint64_t done = 0; done < n; done += block.size()) {
+        filler.write(block.data(), std::min<uint64_t>(block.size(), n - done));
+      }
+      filler.close();
+    }
+    const auto msg = error_with_hint([&] { t.save(ckpt, 2); });
+    EXPECT_NE(msg.find("no space left on device writing " + ckpt + ".tmp."), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("free disk space or point --out elsewhere; the previous checkpoint " + ckpt +
+                       " is kept"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(tmpfs.entries(), 2) << "checkpoint and filler only: no checkpoint.tmp.* or .old.*";
+    GPT2 back(tiny_config());
+    torch::optim::AdamW opt(back->parameters(), torch::optim::AdamWOptions(1e-3));
+    EXPECT_EQ(load_checkpoint(ckpt, *back, &opt).step, 1);
+    ASSERT_TRUE(remove_tree(tmpfs / "filler"));
+  }
+  t.save(ckpt, 3);  // with room again, saving works
+  EXPECT_EQ(read_train_state(ckpt).step, 3);
+}
+
+TEST(Checkpoint, ReadOnlyFileSystemSaysSoAndKeepsThePreviousCheckpoint) {
+  Tmpfs tmpfs("size=8m");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << tmpfs.error();
+  Trained t;
+  const std::string ckpt = tmpfs / "checkpoint";
+  t.save(ckpt, 1);
+  ASSERT_TRUE(tmpfs.remount_read_only()) << std::strerror(errno);
+  const auto msg = error_with_hint([&] { t.save(ckpt, 2); });
+  EXPECT_NE(msg.find("read-only file system"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is on a read-only file system: point --out at a writable directory; the "
+                     "previous checkpoint " + ckpt + " is kept"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("disk space"), std::string::npos) << msg;
+  EXPECT_EQ(read_train_state(ckpt).step, 1);
+  EXPECT_EQ(tmpfs.entries(), 1);
+}
+
+TEST(Checkpoint, MetaJsonRecordsSizeAndCrcOfEveryFile) {
+  TempDir dir;
+  Trained t;
+  t.save(dir / "ck", 1);
+  const auto meta = nlohmann::json::parse(std::ifstream(dir / "ck/meta.json"));
+  for (const std::string name : {"model.safetensors", "optimizer.pt"}) {
+    ASSERT_TRUE(meta["files"].contains(name)) << meta.dump();
+    EXPECT_EQ(meta["files"][name]["bytes"].get<uint64_t>(), fs::file_size(dir / "ck/" + name));
+    EXPECT_EQ(meta["files"][name]["crc32"].get<std::string>().size(), 8U);
+  }
+  EXPECT_NO_THROW(verify_checkpoint(dir / "ck"));
+  save_checkpoint(dir / "weights", *t.model, nullptr, TrainState{});
+  const auto weights = nlohmann::json::parse(std::ifstream(dir / "weights/meta.json"));
+  EXPECT_EQ(weights["files"].size(), 1U) << weights["files"].dump();
+}
+
+TEST(Checkpoint, FlippedBytesAreRejectedNamingTheFileAndBothChecksums) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 1);
+  for (const std::string name : {"model.safetensors", "optimizer.pt"}) {
+    const std::string path = ck + "/" + name;
+    const std::string good = slurp(path);
+    std::string bad = good;
+    bad[bad.size() - 100] ^= 0x10;  // tensor data: the file still parses
+    spit(path, bad);
+    GPT2 back(tiny_config());
+    torch::optim::AdamW opt(back->parameters(), torch::optim::AdamWOptions(1e-3));
+    const auto msg = error_with_hint([&] { load_checkpoint(ck, *back, &opt); });
+    EXPECT_NE(msg.find(path + " does not match meta.json: expected " +
+                       std::to_string(good.size()) + " bytes with crc32 "),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("the checkpoint is corrupt: resume from an earlier copy"), std::string::npos)
+        << msg;
+    EXPECT_NE(error_of([&] { verify_checkpoint(ck); }).find(path), std::string::npos);
+    // A truncated file: the size differs.
+    spit(path, good.substr(0, good.size() / 2));
+    EXPECT_NE(error_of([&] { load_checkpoint(ck, *back, &opt); })
+                  .find("found " + std::to_string(good.size() / 2) + " bytes"),
+              std::string::npos);
+    spit(path, good);
+  }
+  GPT2 back(tiny_config());
+  EXPECT_EQ(load_checkpoint(ck, *back, nullptr).step, 1);
+}
+
+TEST(Checkpoint, OlderCheckpointsWithoutChecksumsLoadAndACorruptOptimizerIsOurError) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 4);
+  auto meta = nlohmann::json::parse(std::ifstream(ck + "/meta.json"));
+  meta.erase("files");
+  meta.erase("rank_rng_states");
+  spit(ck + "/meta.json", meta.dump(2));
+  GPT2 back(tiny_config());
+  torch::optim::AdamW opt(back->parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto state = load_checkpoint(ck, *back, &opt);
+  EXPECT_EQ(state.step, 4);
+  EXPECT_TRUE(state.rank_rng_states.empty());
+  EXPECT_NO_THROW(verify_checkpoint(ck));
+  // Without checksums a truncated optimizer.pt is caught by torch's reader: our error, with
+  // context.
+  const std::string opt_path = ck + "/optimizer.pt";
+  const std::string good = slurp(opt_path);
+  spit(opt_path, good.substr(0, good.size() / 3));
+  const auto msg = error_with_hint([&] { load_checkpoint(ck, *back, &opt); });
+  EXPECT_NE(msg.find("cannot read the optimizer state " + opt_path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("resume from an earlier copy"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("Exception raised from"), std::string::npos) << "no C++ backtrace: " << msg;
+}
+
+TEST(Checkpoint, NonFiniteParametersOrOptimizerStateAreNotSaved) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 1);
+  const std::string meta_before = slurp(ck + "/meta.json");
+  const std::string model_before = slurp(ck + "/model.safetensors");
+  auto w = t.model->named_parameters()["h.0.mlp.c_fc.weight"];
+  const auto saved = w.detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    w[0][0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  auto msg = error_with_hint([&] { t.save(ck, 2); });
+  EXPECT_NE(msg.find("not saving: parameters are not finite at step 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'h.0.mlp.c_fc.weight'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the last good checkpoint in " + ck + " is kept"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lower --lr or use --precision fp32"), std::string::npos) << msg;
+  {
+    torch::NoGradGuard no_grad;
+    w.copy_(saved);
+    w[1][1] = std::numeric_limits<float>::infinity();
+  }
+  EXPECT_NE(error_of([&] { t.save(ck, 2); }).find("not finite"), std::string::npos);
+  {
+    torch::NoGradGuard no_grad;
+    w.copy_(saved);
+  }
+  // The optimizer's moments.
+  ASSERT_FALSE(t.opt.state().empty());
+  auto& first = *t.opt.state().begin()->second;
+  auto& adam = static_cast<torch::optim::AdamWParamState&>(first);
+  adam.exp_avg_sq().view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  msg = error_with_hint([&] { t.save(ck, 3); });
+  EXPECT_NE(msg.find("optimizer state is not finite at step 3"), std::string::npos) << msg;
+  EXPECT_EQ(slurp(ck + "/meta.json"), meta_before);
+  EXPECT_EQ(slurp(ck + "/model.safetensors"), model_before);
+  EXPECT_EQ(dir.entries(), 1);
+  // Nothing there yet: nothing is written.
+  EXPECT_NE(error_of([&] { t.save(dir / "fresh", 3); }).find("nothing was written to"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "fresh"));
+}
+
+TEST(Checkpoint, RankRngStatesRoundTripAsHex) {
+  TempDir dir;
+  TrainState state;
+  state.step = 9;
+  state.rank_rng_states = {std::string("\x00\x01\xff rank0", 9), "", "rank 2"};
+  save_checkpoint(dir / "ck", *GPT2(tiny_config()), nullptr, state);
+  const auto meta = nlohmann::json::parse(std::ifstream(dir / "ck/meta.json"));
+  ASSERT_EQ(meta["rank_rng_states"].size(), 3U);
+  EXPECT_EQ(meta["rank_rng_states"][0], "0001ff2072616e6b30");
+  EXPECT_EQ(meta["rank_rng_states"][1], "");
+  EXPECT_EQ(read_train_state(dir / "ck").rank_rng_states, state.rank_rng_states);
+}
+
+TEST(CheckpointManifest, WrittenLastItMarksAMultiPartCheckpointAsCommitted) {
+  TempDir dir;
+  const std::string root = dir / "set";
+  fs::create_directories(root);
+  save_checkpoint(root + "/stage0", *GPT2(tiny_config(), LayerRange{0, 2}), nullptr, TrainState{});
+  const auto msg = error_with_hint([&] { read_checkpoint_manifest(root); });
+  EXPECT_NE(msg.find(root + " is not a committed checkpoint (no manifest.json): it was interrupted "
+                            "while being written"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("resume from the previous one"), std::string::npos) << msg;
+  write_checkpoint_manifest(root, {{"stages", {"stage0"}}, {"step", 7}});
+  const auto manifest = read_checkpoint_manifest(root);
+  EXPECT_EQ(manifest["format"], "gpt2p-checkpoint-set");
+  EXPECT_EQ(manifest["step"], 7);
+  EXPECT_EQ(manifest["stages"], nlohmann::json({"stage0"}));
+  EXPECT_NE(error_of([&] { write_checkpoint_manifest(root, nlohmann::json::array()); })
+                .find("must be a JSON object"),
+            std::string::npos);
+  // Staged elsewhere, committed with one rename.
+  const std::string staged = dir / "set.tmp";
+  fs::create_directories(staged);
+  TrainState later;
+  later.step = 8;
+  save_checkpoint(staged + "/stage0", *GPT2(tiny_config(), LayerRange{0, 2}), nullptr, later);
+  write_checkpoint_manifest(staged, {{"step", 8}});
+  replace_dir(staged, root);
+  EXPECT_EQ(read_checkpoint_manifest(root)["step"], 8);
+  EXPECT_EQ(read_train_state(root + "/stage0").step, 8);
+  EXPECT_EQ(dir.entries(), 1);
 }
 
 // gpt2_eval sits in the build directory, one level above this test binary.

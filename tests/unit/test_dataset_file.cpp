@@ -143,6 +143,27 @@ TEST(DatasetFile, TokenizerMismatchSaysWhatToRerun) {
   EXPECT_NE(text3.find("has no split 'dev'"), std::string::npos) << text3;
 }
 
+TEST(DatasetFile, TokenIdsOutsideTheVocabularyNameFileSplitRowAndId) {
+  const auto path = temp_path("bad_ids.h5");
+  auto splits = sample_splits();
+  splits["validation"].add({14}, {15, 50260}, "Nein.", "No.");  // row 1, a target id == vocab
+  write_dataset_file(path, sample_meta(), splits);
+  const auto text = error_with_hint([&] { DatasetFile::open(path); });
+  EXPECT_NE(text.find(path + ":/validation: row 1 (English target) has token id 50260, outside "
+                             "the vocabulary [0, 50260)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("re-create the dataset with prepare_data for this vocabulary"),
+            std::string::npos)
+      << text;
+  splits = sample_splits();
+  splits["train"].add({-3}, {1}, "a", "b");
+  write_dataset_file(path, sample_meta(), splits);
+  const auto text2 = error_with_hint([&] { DatasetFile::open(path); });
+  EXPECT_NE(text2.find(":/train: row 3 (German source) has token id -3"), std::string::npos)
+      << text2;
+}
+
 TEST(DatasetFile, OpenErrors) {
   const auto missing = error_with_hint([] { DatasetFile::open("/nonexistent/d.h5"); });
   EXPECT_NE(missing.find("dataset file /nonexistent/d.h5 does not exist"), std::string::npos)

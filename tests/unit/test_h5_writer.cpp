@@ -2,20 +2,57 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/io/h5_writer.h"
 #include "gpt2p/io/run_info.h"
+#include "gpt2p/io/run_record.h"
 #include "support/temp_dir.h"
 #include "support/h5_read.h"
 
 namespace fs = std::filesystem;
 using gpt2p::io::H5Writer;
+using gpt2p::io::RecordMode;
+using gpt2p::io::RunRecorder;
 
 namespace {
 
 using gpt2p::testing::read_column;
+
+gpt2p::io::RunIdentity identity(int world_size = 2) {
+  gpt2p::io::RunIdentity id;
+  id.program = "dp_train";
+  id.config_json = "{}";
+  id.world_size = world_size;
+  id.rank = 0;
+  return id;
+}
+
+// A run that records `steps` steps from `first` on and one epoch row, then closes.
+void record(const std::string& dir, long long first, int steps, RecordMode mode,
+            int world_size = 2) {
+  RunRecorder rec(dir, identity(world_size), mode);
+  for (long long s = first; s < first + steps; ++s) {
+    gpt2p::io::StepRecord r;
+    r.step = s;
+    r.loss = static_cast<double>(100 + s);
+    rec.step(r);
+  }
+  rec.epoch({});
+  rec.close();
+}
+
+std::string error_text(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const gpt2p::Error& e) {
+    return std::string(e.what()) + " | hint: " + e.hint();
+  }
+  return "(no error)";
+}
 
 
 }  // namespace
@@ -82,4 +119,72 @@ TEST(RunInfo, VersionsNameTheLibraries) {
     EXPECT_FALSE(v[key].get<std::string>().empty()) << key;
   }
   EXPECT_EQ(gpt2p::io::utc_timestamp().size(), 20U);
+}
+
+TEST(RunRecorder, AppendKeepsTheEarlierRowsAndMarksWhereEachRunBegins) {
+  const gpt2p::testing::TempDir dir("rec_append");
+  const std::string path = dir / "rank0.h5";
+  record(dir.str(), 0, 3, RecordMode::kCreate);
+  record(dir.str(), 2, 2, RecordMode::kAppend);  // resumed at step 2
+  ASSERT_TRUE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  EXPECT_EQ(read_column(path, "steps/step"), (std::vector<double>{0, 1, 2, 2, 3}));
+  EXPECT_EQ(read_column(path, "steps/loss"), (std::vector<double>{100, 101, 102, 102, 103}));
+  EXPECT_EQ(read_column(path, "epochs/epoch").size(), 2U);
+  EXPECT_EQ(read_column(path, "segments/steps_row"), (std::vector<double>{0, 3}));
+  EXPECT_EQ(read_column(path, "segments/epochs_row"), (std::vector<double>{0, 1}));
+  EXPECT_EQ(read_column(path, "segments/actions_row"), (std::vector<double>{0, 0}));
+  // kCreate still starts over.
+  record(dir.str(), 0, 1, RecordMode::kCreate);
+  EXPECT_EQ(read_column(path, "steps/step"), (std::vector<double>{0}));
+  EXPECT_EQ(read_column(path, "segments/steps_row"), (std::vector<double>{0}));
+}
+
+TEST(RunRecorder, AppendContinuesThePartialFileACrashLeft) {
+  const gpt2p::testing::TempDir dir("rec_crash");
+  const std::string path = dir / "rank0.h5";
+  {
+    RunRecorder crashed(dir.str(), identity(), RecordMode::kCreate);
+    crashed.step({});
+    fs::copy_file(path + ".partial", dir / "copy.h5");  // what the crash leaves behind
+  }
+  fs::remove(path);
+  fs::rename(dir / "copy.h5", path + ".partial");
+  record(dir.str(), 1, 1, RecordMode::kAppend);
+  EXPECT_EQ(read_column(path, "steps/step"), (std::vector<double>{0, 1}));
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  // Without any file, kAppend creates one.
+  const gpt2p::testing::TempDir empty("rec_none");
+  record(empty.str(), 0, 2, RecordMode::kAppend);
+  EXPECT_EQ(read_column(empty / "rank0.h5", "segments/steps_row"), (std::vector<double>{0}));
+}
+
+TEST(RunRecorder, AppendRefusesAnotherRunsFileAndLeavesItAsItWas) {
+  const gpt2p::testing::TempDir dir("rec_other");
+  const std::string path = dir / "rank0.h5";
+  record(dir.str(), 0, 2, RecordMode::kCreate, /*world_size=*/2);
+  auto text = error_text([&] { record(dir.str(), 2, 1, RecordMode::kAppend, 4); });
+  EXPECT_NE(text.find("cannot continue timing file " + path +
+                      ": it records world_size 2, this run has 4"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("move it out of --out"), std::string::npos) << text;
+  ASSERT_TRUE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  EXPECT_EQ(read_column(path, "steps/step"), (std::vector<double>{0, 1}));
+
+  {  // Other columns: a file of another version.
+    H5Writer w(path);
+    w.set_attribute("program", std::string("dp_train"));
+    w.set_attribute("world_size", 2LL);
+    w.set_attribute("rank", 0LL);
+    w.add_table("steps", {"step", "seconds"});
+    w.append("steps", {0, 1});
+  }
+  text = error_text([&] { record(dir.str(), 1, 1, RecordMode::kAppend); });
+  EXPECT_NE(text.find("table 'steps' has columns seconds, step but this program records"),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(read_column(path, "steps/seconds"), (std::vector<double>{1}));
 }

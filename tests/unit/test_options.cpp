@@ -128,3 +128,41 @@ TEST(TrainOptions, ConfigRoundTripsToJson) {
   EXPECT_EQ(j["seed"].get<uint64_t>(), 7U);
   EXPECT_EQ(j["preset"], "tiny");
 }
+
+TEST(TrainOptions, OutOfRangeValuesAreRefusedNotTakenAsDefaults) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--batch-size", "-4"}, "--batch-size -4 is out of range: use a value > 0"},
+      {{"--batch-size", "-1"}, "--batch-size -1 is out of range"},
+      {{"--epochs", "-3"}, "--epochs -3 is out of range"},
+      {{"--epochs", "0"}, "--epochs 0 is out of range"},
+      {{"--seq-len", "-5"}, "--seq-len -5 is out of range: use a length >= 2"},
+      {{"--max-train-pairs", "-9"}, "--max-train-pairs -9 is out of range: use a count >= 0"},
+      {{"--max-eval-pairs", "-1"}, "--max-eval-pairs -1 is out of range"},
+      {{"--n-layer", "-3"}, "--n-layer -3 is out of range"},
+      {{"--n-head", "0"}, "--n-head 0 is out of range"},
+      {{"--n-embd", "-64"}, "--n-embd -64 is out of range"},
+      {{"--dropout", "-0.5"}, "--dropout -0.5 is out of range: use a probability in [0, 1)"},
+      {{"--dropout", "1"}, "--dropout 1 is out of range"},
+      {{"--translate-samples", "-2"}, "--translate-samples -2 is out of range"},
+      {{"--log-every", "0"}, "--log-every 0 is out of range"},
+      {{"--grad-clip", "-1"}, "--grad-clip -1 is out of range: use a norm >= 0 (0 = off)"},
+      {{"--weight-decay", "-0.1"}, "--weight-decay -0.1 is out of range"},
+      {{"--bucket-mb", "-25"}, "--bucket-mb -25 is out of range"},
+      {{"--warmup-epochs", "-1"}, "--warmup-epochs -1 is out of range"},
+  };
+  for (const auto& [words, expected] : cases) {
+    EXPECT_NE(usage_error(words).find(expected), std::string::npos)
+        << words[0] << " " << words[1] << ": got '" << usage_error(words) << "'";
+  }
+}
+
+TEST(TrainOptions, BoundaryValuesInRangeAreAccepted) {
+  const auto c = parse({"--dropout", "0", "--max-train-pairs", "0", "--max-eval-pairs", "0",
+                        "--translate-samples", "0", "--grad-clip", "0", "--weight-decay", "0",
+                        "--seq-len", "2", "--warmup-epochs", "0"});
+  EXPECT_DOUBLE_EQ(c.dropout, 0);
+  EXPECT_EQ(c.max_train_pairs, 0);
+  EXPECT_EQ(c.translate_samples, 0);
+  EXPECT_EQ(c.seq_len, 2);
+  EXPECT_DOUBLE_EQ(parse({"--dropout", "0.99"}).dropout, 0.99);
+}

@@ -264,5 +264,34 @@ TEST(BpeTokenizer, CacheAndThreadsDoNotChangeResults) {
   EXPECT_THAT(mismatches, ElementsAre(0, 0, 0, 0));
 }
 
+// The tokenize program sits in the build directory, one level above this test binary.
+std::string tokenize_binary() {
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "tokenize").string();
+}
+
+// Runs tokenize with `flags` on `input`; returns its exit status, stdout in `out`.
+int run_tokenize(const std::string& flags, const std::string& input, std::string& out) {
+  const TempDir dir;
+  write(dir / "in.jsonl", input);
+  const std::string cmd = tokenize_binary() + " --vocab-dir " + vocab_dir() + " " + flags + " < " +
+                          (dir / "in.jsonl") + " > " + (dir / "out.jsonl") +
+                          " 2>&1";
+  const int status = std::system(cmd.c_str());
+  out = read(dir / "out.jsonl");
+  return status;
+}
+
+TEST(TokenizeProgram, BlankLinesAreSkippedAndErrorsKeepTheInputLineNumbers) {
+  ASSERT_TRUE(fs::exists(tokenize_binary())) << tokenize_binary() << " (build target tokenize)";
+  std::string out;
+  ASSERT_EQ(run_tokenize("", "{\"text\": \"Hello world\"}\n\n  \r\n{\"text\": \"Hello\"}\n", out), 0)
+      << out;
+  EXPECT_EQ(out, "{\"ids\":[15496,995]}\n{\"ids\":[15496]}\n");
+  ASSERT_EQ(run_tokenize("--decode", "\n{\"ids\": [15496, 995]}\n\n", out), 0) << out;
+  EXPECT_EQ(out, "{\"text\":\"Hello world\"}\n");
+  EXPECT_NE(run_tokenize("", "\n\n{\"txt\": 1}\n", out), 0);
+  EXPECT_THAT(out, HasSubstr("stdin line 3 has no \"text\" field")) << out;
+}
+
 }  // namespace
 }  // namespace gpt2p::data

@@ -47,7 +47,9 @@ struct TrainConfig {
   std::string resume;
   int translate_samples = -1;  // -1: 4 on cuda, 2 on cpu
   int log_every = 10;
-  double comm_timeout_s = 60;
+  double comm_timeout_s = 60;  // any wait on a peer (NCCL or MPI) longer than this fails the job
+  std::string comm = "auto";   // auto | nccl | mpi (auto: nccl when every rank has its own GPU)
+  bool overwrite = false;      // a fresh run may replace <out>'s checkpoint and records
 
   // Data parallel.
   std::string grad_sync = "bucketed";  // per-param | bucketed

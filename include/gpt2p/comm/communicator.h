@@ -6,7 +6,12 @@
 //    communicator in the same order, with tensors of the same dtype and number of elements.
 //    Point-to-point calls need a matching call on the peer with the same tag, size and dtype.
 //  * MPI backend: every call runs on the calling thread. Blocking calls return when the result is
-//    in place; *_async calls return a Work whose wait() blocks until it is.
+//    in place; *_async calls return a Work whose wait() blocks until it is. Its tensors live on
+//    the CPU or, where ranks share a GPU (NCCL refuses that), on the rank's GPU: then every call
+//    first waits for the work queued on torch's current stream (the copy to host memory does,
+//    unless MPI reports CUDA support), and the result is back in the caller's tensor when the
+//    blocking call or wait() returns. Every wait is polled against the timeout, past which it
+//    throws naming the operation and the peer: a stopped or stuck peer fails the job.
 //  * NCCL backend: every call is enqueued on the communicator's own CUDA stream, which first waits
 //    (by a CUDA event) for the work already queued on torch's current stream of the caller, so the
 //    inputs are ready. "Blocking" calls then make torch's current stream wait for the result (an
@@ -76,8 +81,11 @@ using WorkPtr = std::unique_ptr<Work>;
 
 struct CommOptions {
   Backend backend = Backend::kMpi;
-  // How long synchronize()/blocking waits on NCCL work may take before the job is failed.
+  // How long any wait on a peer may take before the job is failed (NCCL: synchronize() and
+  // blocking calls; MPI: every wait).
   std::chrono::milliseconds timeout{60000};
+  // MPI backend: where its tensors live (CPU, or this rank's GPU when ranks share GPUs).
+  torch::Device device = torch::kCPU;
   // Check that every rank passes the same number of elements/dtype to blocking collectives (above).
   bool check_sizes = true;
 };

@@ -1,4 +1,13 @@
-// The MPI backend of the Communicator: CPU tensors over a duplicate of an MPI communicator.
+// The MPI backend of the Communicator: tensors over a duplicate of an MPI communicator.
+//
+// CPU tensors go to MPI as they are. CUDA tensors (ranks that share a GPU, where NCCL refuses to
+// run, and --comm mpi) go through host memory, or straight to MPI when the library reports CUDA
+// support (MPIX_Query_cuda_support). Either way a call first waits for the work queued on torch's
+// current stream (a device-to-host copy, or a stream synchronisation), and results are in the
+// caller's tensor, copied back on the current stream, when a blocking call or wait() returns.
+//
+// Every wait is polled against `timeout` (mpi_wait.h): a stuck or dead peer throws, naming the
+// operation and its peer, instead of hanging.
 //
 // MPI has no bfloat16: reductions convert to float32, reduce, and round back once; moves
 // (broadcast, all_gather, send/recv) ship the raw 16-bit words. MPI counts are `int`, so tensors
@@ -9,6 +18,7 @@
 #include <cstdint>
 
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/core/mpi_wait.h"
 
 namespace gpt2p::comm {
 
@@ -17,6 +27,10 @@ struct MpiOptions {
   bool check_sizes = true;
   // Most elements in one MPI call; tests lower it to exercise chunking without 8 GB buffers.
   int64_t max_chunk_elements = int64_t{1} << 30;
+  // Longest wait on one operation before it throws (--comm-timeout).
+  std::chrono::milliseconds timeout = kDefaultCommTimeout;
+  // Where the tensors live: CPU, or the rank's GPU (staged as described above).
+  torch::Device device = torch::kCPU;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -28,7 +42,7 @@ class MpiCommunicator final : public Communicator {
 
   Backend backend() const override { return Backend::kMpi; }
   std::string backend_name() const override { return "mpi"; }
-  torch::Device device() const override { return torch::kCPU; }
+  torch::Device device() const override { return options_.device; }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
   using Communicator::all_reduce;
@@ -49,9 +63,14 @@ class MpiCommunicator final : public Communicator {
   };
   MpiCommunicator(Dup dup, MpiOptions options);
   void check_tag(int tag, const char* op) const;
+  // The tensor MPI reads/writes for `t`: t itself (CPU, contiguous) or a contiguous copy, on the
+  // host unless MPI takes device memory. `fill`: copy t's values (false: a receive buffer).
+  torch::Tensor wire_buffer(const torch::Tensor& t, bool fill) const;
+  void wait(MPI_Request* requests, int count, const char* op, int peer) const;
 
   MPI_Comm comm_;
   MpiOptions options_;
+  bool device_memory_ = false;  // MPI reads and writes CUDA memory itself
 };
 
 namespace detail {
@@ -60,7 +79,11 @@ namespace detail {
 // {numel, -numel, dtype, -dtype, extra, -extra} on `comm`; throws the same error on every rank
 // when they disagree. `extra` is what else must match (reduce op, broadcast root, list length).
 void check_same_collective(MPI_Comm comm, const char* op, int64_t numel, torch::ScalarType dtype,
-                           int64_t extra, const char* extra_name);
+                           int64_t extra, const char* extra_name,
+                           std::chrono::milliseconds timeout = kDefaultCommTimeout);
+
+// True when this MPI library moves CUDA memory itself (Open MPI's MPIX_Query_cuda_support).
+bool mpi_cuda_aware();
 
 }  // namespace detail
 }  // namespace gpt2p::comm

@@ -36,6 +36,12 @@ at::Generator make_cpu_generator(uint64_t seed);
 std::string cpu_rng_state();
 void set_cpu_rng_state(const std::string& bytes);
 
+// This process's generator states for a run on `device`: the CPU generator and, on a GPU, that
+// GPU's (dropout there draws from it), as one byte string; restoring accepts it or a bare
+// cpu_rng_state() (older checkpoints).
+std::string rng_state(const torch::Device& device);
+void set_rng_state(const torch::Device& device, const std::string& bytes);
+
 // strict = true: float32 matmuls and convolutions are true fp32 (no TF32 on cuBLAS/cuDNN);
 // false: TF32 allowed. A no-op for CPU-only builds.
 void set_strict_fp32(bool strict);

@@ -17,7 +17,9 @@ struct Topology {
   std::string host;
 };
 
-// Initialises MPI (thread level FUNNELED) on construction and finalises it on destruction.
+// Initialises MPI (thread level SERIALIZED: on GPUs, autograd hooks may call the MPI backend from
+// torch's backward thread while the main thread waits in backward) on construction and finalises it
+// on destruction.
 // MPI errors on MPI_COMM_WORLD return codes instead of aborting, so GPT2P_MPI_CHECK can report them.
 class MpiEnv {
  public:

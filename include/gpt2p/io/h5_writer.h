@@ -10,15 +10,23 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace gpt2p::io {
 
+// kCreate: a new, empty file replaces any earlier one. kAppend: an existing `<path>` (or, when
+// there is none, the `<path>.partial` a crash left) is continued: its attributes and rows are kept,
+// it is renamed to `<path>.partial` while written, and add_table() reopens its tables, which must
+// have exactly the declared columns (a crash in the middle of a row drops that incomplete row).
+// Without an existing file kAppend creates one, as kCreate does.
+enum class RecordMode { kCreate, kAppend };
+
 class H5Writer {
  public:
-  // Creates `<path>.partial` (parent directories too).
-  explicit H5Writer(std::string path);
+  // Creates `<path>.partial` (parent directories too), or continues the file as `mode` says.
+  explicit H5Writer(std::string path, RecordMode mode = RecordMode::kCreate);
   ~H5Writer();
   H5Writer(const H5Writer&) = delete;
   H5Writer& operator=(const H5Writer&) = delete;
@@ -26,6 +34,14 @@ class H5Writer {
   void set_attribute(const std::string& name, const std::string& value);
   void set_attribute(const std::string& name, double value);
   void set_attribute(const std::string& name, long long value);
+  // A root attribute of the file as text (strings as they are, numbers in decimal); nullopt when
+  // the file has none of that name.
+  std::optional<std::string> attribute(const std::string& name) const;
+  // True when RecordMode::kAppend continued an existing file.
+  bool continued() const;
+  // For a caller that declines a continued file before writing to it: closes it and moves it back
+  // to the name it was found under. Nothing is written afterwards.
+  void put_back();
 
   // Declares a table; must come before append() to it. Columns are fixed once declared.
   void add_table(const std::string& table, const std::vector<std::string>& columns);

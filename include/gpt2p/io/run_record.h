@@ -16,8 +16,20 @@
 //     step, stage, op, microbatch, start, end, bytes_sent, bytes_recv
 //     (op codes: 0 forward, 1 backward, 2 send activation, 3 recv activation, 4 send grad,
 //      5 recv grad, 6 optimizer)
+//   /segments one row per run that wrote to the file: the first (fresh) run, then every resume
+//     steps_row, epochs_row, actions_row   the row of each table at which its rows begin
+//     started                              Unix time (seconds) it opened the file; NaN for a first
+//                                          segment that predates this table
 // Root attributes: program, config (JSON), world_size, rank, host, device, gpu_name, git_commit,
-// versions (JSON), started (UTC), peak_memory_bytes (at close).
+// versions (JSON), started (UTC), peak_memory_bytes (at close). A continued file keeps its first
+// "started"; the other attributes are those of the latest run.
+//
+// RecordMode::kAppend (for a run resuming into the same --out) continues an existing rank file
+// instead of replacing it: the earlier runs' rows stay, new rows follow, and a /segments row marks
+// where this run's begin. Times (start, end) count from each run's own start, and steps a resumed
+// run repeats (it went back to its checkpoint) appear once per run: analysis/reader.py keeps the
+// latest of each. A file of another program, world size or rank, or with other columns, is not
+// continued: the constructor fails with the file, both values and the fix (move the file away).
 #pragma once
 
 #include <memory>
@@ -60,8 +72,10 @@ struct RunIdentity {
 
 class RunRecorder {
  public:
-  // Opens <out_dir>/rank<rank>.h5 and writes the identity attributes.
-  RunRecorder(const std::string& out_dir, const RunIdentity& id);
+  // Opens <out_dir>/rank<rank>.h5 (fresh, or continued with kAppend) and writes the identity
+  // attributes.
+  RunRecorder(const std::string& out_dir, const RunIdentity& id,
+              RecordMode mode = RecordMode::kCreate);
   void step(const StepRecord& r);
   void epoch(const EpochRecord& r);
   void action(const ActionRecord& r);
@@ -70,6 +84,10 @@ class RunRecorder {
   const std::string& path() const { return writer_.path(); }
 
  private:
+  void check_identity(const RunIdentity& id) const;
+  void add_tables();
+  void start_segment();
+
   H5Writer writer_;
 };
 

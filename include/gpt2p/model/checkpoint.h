@@ -2,7 +2,18 @@
 //   model.safetensors  the model's parameters under their GPT2 names (a stage writes its own)
 //   optimizer.pt       torch::optim::Optimizer::save (absent when no optimizer was given)
 //   meta.json          {"format": "gpt2p-checkpoint", "model_config": ..., "layer_range": [b, e],
-//                       "step", "epoch", "batch_in_epoch", "seed", "rng_state" (hex), "config"}
+//                       "step", "epoch", "batch_in_epoch", "seed", "rng_state" (hex),
+//                       "rank_rng_states": [hex, ...], "config",
+//                       "files": {"model.safetensors": {"bytes": N, "crc32": "8 hex digits"},
+//                                 "optimizer.pt": {...}}}
+// Every file is written with checked writes and fsynced before the directory is renamed into
+// place: a full disk or a read-only directory is a gpt2p::Error and the previous checkpoint stays.
+// Loading checks each file's size and CRC-32 against meta.json before using it (checkpoints
+// without "files", from older versions, load unchecked).
+//
+// A multi-part checkpoint (one checkpoint directory per pipeline stage below one root) is
+// committed by write_checkpoint_manifest, written after every part: a root without manifest.json
+// was interrupted while being written.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,6 +21,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "gpt2p/model/gpt2.h"
 
@@ -23,17 +35,26 @@ struct TrainState {
   uint64_t seed = 0;
   std::string rng_state;  // bytes of torch's CPU generator state (compat::cpu_rng_state)
   nlohmann::json config;  // the run's configuration, free-form
+  // Opaque generator states, one per data-parallel rank (rank r's at index r); empty when the
+  // checkpoint has none (older checkpoints).
+  std::vector<std::string> rank_rng_states{};
 };
 
-// optimizer may be null (only the model is saved).
+// optimizer may be null (only the model is saved). Refuses (gpt2p::Error, dir untouched) when a
+// parameter or an optimizer state tensor is not finite; a failed write (full disk, read-only or
+// unwritable directory) is a gpt2p::Error naming the file, and the previous dir is kept.
 void save_checkpoint(const std::string& dir, const GPT2Impl& model,
                      const torch::optim::Optimizer* optimizer, const TrainState& state);
 
 // Loads parameters (and the optimizer state if optimizer is non-null) into existing objects and
-// returns the saved TrainState. Errors name the checkpoint, the parameter, both shapes and a fix.
-// Restoring torch's RNG from TrainState::rng_state is left to the caller.
+// returns the saved TrainState. Errors name the checkpoint, the parameter, both shapes and a fix;
+// a file whose size or CRC-32 differs from meta.json, or an unreadable optimizer.pt, is an error
+// naming the file. Restoring torch's RNG from TrainState::rng_state is left to the caller.
 TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
                            torch::optim::Optimizer* optimizer);
+
+// Checks the size and CRC-32 of every file meta.json lists (nothing for older checkpoints).
+void verify_checkpoint(const std::string& dir);
 
 // True when dir holds meta.json with our format tag.
 bool is_checkpoint_dir(const std::string& dir);
@@ -45,5 +66,14 @@ TrainState read_train_state(const std::string& dir);
 
 // A model built from the checkpoint's config and range, with its parameters loaded.
 GPT2 load_model(const std::string& dir);
+
+// manifest.json at the root of a multi-part checkpoint: `manifest` (a JSON object, free-form)
+// with "format": "gpt2p-checkpoint-set" added, written atomically and fsynced. Write it last:
+// it marks the root as complete.
+void write_checkpoint_manifest(const std::string& dir, const nlohmann::json& manifest);
+
+// The manifest written by write_checkpoint_manifest (with its "format"). A root without one is an
+// error saying it was interrupted while being written.
+nlohmann::json read_checkpoint_manifest(const std::string& dir);
 
 }  // namespace gpt2p::model

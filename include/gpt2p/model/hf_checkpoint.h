@@ -19,6 +19,9 @@ bool is_hf_dir(const std::string& dir);
 GPT2Config read_hf_config(const std::string& dir, int64_t extra_vocab = 0);
 
 // Copies the HF weights into `model` (a full model or a stage: only the parameters it holds).
+// config.json is read first: it must be valid JSON with n_layer, n_head, n_embd, n_positions equal
+// to the model's and vocab_size at most the model's (and wte's rows); an error names the field,
+// both values and the fix.
 // If the model's vocab is larger than HF's, the new rows get the mean of HF's embedding rows; the
 // padded rows are zeroed. A present lm_head.weight must equal wte (GPT-2 ties them).
 void import_hf(const std::string& dir, GPT2Impl& model);

@@ -5,6 +5,8 @@
 
 #include <torch/types.h>
 
+#include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -18,8 +20,18 @@ struct SafeTensors {
 // Reads the whole file. Errors name the file and the offending tensor or header field.
 SafeTensors read_safetensors(const std::string& path);
 
-// Writes atomically (tensors may be on any device; they are copied to the CPU).
+// The same from the file's bytes in memory; `path` names them in errors.
+SafeTensors parse_safetensors(const char* data, size_t size, const std::string& path);
+
+// Writes atomically, every write checked (a full disk or a read-only directory is a FileError
+// naming the file). Tensors may be on any device; they are copied to the CPU one at a time.
 void write_safetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// The file's bytes, in order, handed to `sink` in pieces (e.g. to a FileWriter that also
+// checksums them). Unsupported dtypes are reported before the first byte.
+using ByteSink = std::function<void(const void* data, size_t n)>;
+void stream_safetensors(const ByteSink& sink, const std::map<std::string, torch::Tensor>& tensors,
+                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace gpt2p::model

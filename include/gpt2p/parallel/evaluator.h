@@ -36,7 +36,8 @@ struct Translation {
 };
 
 // Greedy decoding of the first `n` examples of `split`: German + <eos_de>, then argmax tokens until
-// <eos_en> or seq_len tokens in all.
+// <eos_en>, seq_len tokens in all, or 1.5 x the reference's token count + 8 generated tokens
+// (whichever comes first; the tokens before the bound are those an unbounded decoding gives).
 std::vector<Translation> translate(const LogitsFn& logits, const data::Split& split, int n,
                                    int64_t seq_len, const data::SpecialTokens& special,
                                    int64_t vocab_size, const data::BpeTokenizer& tokenizer,

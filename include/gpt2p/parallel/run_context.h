@@ -21,20 +21,26 @@ struct RunContext {
   cli::TrainConfig cfg;
   Topology topo;
   torch::Device device{torch::kCPU};
-  std::unique_ptr<comm::Communicator> comm;  // NCCL on cuda, MPI on cpu
+  // NCCL on cuda with one GPU per rank; MPI on cpu and for ranks that share GPUs (--comm).
+  std::unique_ptr<comm::Communicator> comm;
   // pp_train only: a second communicator (own NCCL stream) for the pipeline's gradient transfers,
   // so activations and gradients never queue behind each other (pipeline/executor.h).
   std::unique_ptr<comm::Communicator> grad_comm;
   // pp_train with several stages per rank: one more each for the transfers that wrap from the
   // last rank to the first (activations) and back (gradients) (pipeline/schedule.h, Channel).
   std::unique_ptr<comm::Communicator> act_wrap_comm, grad_wrap_comm;
+  // MPI over CPU tensors, for the host's decisions: stop requests, checkpoint commits.
+  std::unique_ptr<comm::Communicator> control;
   data::BpeTokenizer tokenizer;
   data::SpecialTokens special;
   model::GPT2Config model_config;
 };
 
-// Resolves the config (device defaults, validation), picks this rank's GPU (local rank), limits
-// CPU threads to this rank's share of the cores, makes the communicator and loads the tokenizer.
+// Resolves the config (device defaults, validation), checks --out and --resume, loads the
+// tokenizer, checks that every rank runs the same configuration (all of it on every rank, ending
+// the job with one message and exit 2 on a problem: cli/main_guard.h), picks this rank's GPU
+// (local rank) and backend (--comm), limits CPU threads to this rank's share of the cores and
+// makes the communicators.
 RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const Topology& topo);
 
 // Preset + overrides, vocabulary = the tokenizer's (GPT-2 + 3 specials), context >= --seq-len.

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/io/run_record.h"
 #include "gpt2p/parallel/train_data.h"
@@ -63,9 +64,18 @@ void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTota
                  const StepPlace& place);
 
 // After finish_step: counts the step, calls `save` every `save_every` steps (> 0), and returns true
-// when `max_steps` (> 0) is reached and the run must stop.
+// when `max_steps` (> 0) is reached and the run must stop. `stopping` (a stop signal): returns
+// true without saving (the caller saves once, whatever save_every says).
 bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
-                  const std::function<void()>& save);
+                  const std::function<void()>& save, bool stopping = false);
+
+// The stop signal (core/stop_signal.h) any rank received, agreed over `control` after every step
+// so that all ranks stop after the same one; 0 when none. One tiny MPI all_reduce.
+int stop_requested(comm::Communicator& control);
+
+// Rank 0's line after a stop signal: where the checkpoint is and how to resume.
+void report_stopped(const char* program, int signal, int64_t step, const std::string& checkpoint,
+                    int rank);
 
 // The epoch boundary: returns where a resume continues (the next batch of this epoch when the run
 // stopped inside it, else the start of the next epoch), moves `data` to the next epoch and prints

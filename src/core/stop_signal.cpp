@@ -1,0 +1,52 @@
+#include "gpt2p/core/stop_signal.h"
+
+#include <csignal>
+#include <string>
+
+namespace gpt2p {
+namespace {
+
+volatile std::sig_atomic_t g_received = 0;
+struct sigaction g_previous_term {};
+struct sigaction g_previous_int {};
+
+extern "C" void on_stop_signal(int signal) {
+  g_received = signal;
+  // The next one of the same kind takes the default action: a user can still force an end.
+  std::signal(signal, SIG_DFL);
+}
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_received = 0;
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, &g_previous_term);
+  sigaction(SIGINT, &action, &g_previous_int);
+}
+
+StopSignals::~StopSignals() {
+  sigaction(SIGTERM, &g_previous_term, nullptr);
+  sigaction(SIGINT, &g_previous_int, nullptr);
+}
+
+int StopSignals::received() { return g_received; }
+
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default: {
+      static thread_local std::string text;
+      text = "signal " + std::to_string(signal);
+      return text.c_str();
+    }
+  }
+}
+
+}  // namespace gpt2p

@@ -1,0 +1,127 @@
+#include "gpt2p/parallel/checkpoint_commit.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "gpt2p/cli/main_guard.h"
+#include "gpt2p/core/atomic_file.h"
+#include "gpt2p/core/compat.h"
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+constexpr const char* kSetFormat = "gpt2p-checkpoint-set";
+
+// Every rank's bytes, in rank order (all of equal length, as generator states of one build are).
+std::vector<std::string> gather_bytes(comm::Communicator& control, const std::string& mine) {
+  const auto words = static_cast<int64_t>((mine.size() + 3) / 4);
+  auto t = torch::zeros({words}, torch::kInt32);
+  std::memcpy(t.data_ptr(), mine.data(), mine.size());
+  const torch::Tensor all = control.all_gather(t).contiguous();
+  std::vector<std::string> out;
+  for (int r = 0; r < control.size(); ++r) {
+    out.emplace_back(static_cast<const char*>(all[r].data_ptr()), mine.size());
+  }
+  return out;
+}
+
+std::chrono::milliseconds timeout_of(const RunContext& ctx) {
+  return std::chrono::milliseconds(static_cast<int64_t>(ctx.cfg.comm_timeout_s * 1000));
+}
+
+}  // namespace
+
+ResumePoint resume_point(int64_t epoch, int64_t next_batch, int64_t batches_per_epoch) {
+  if (next_batch >= batches_per_epoch) return {epoch + 1, 0};
+  return {epoch, next_batch};
+}
+
+void save_replicated_checkpoint(const RunContext& ctx, const std::string& root,
+                                const model::GPT2Impl& model,
+                                const torch::optim::Optimizer& optimizer, model::TrainState state) {
+  state.rng_state = compat::rng_state(ctx.device);
+  state.rank_rng_states = gather_bytes(*ctx.control, state.rng_state);
+  cli::on_every_rank(
+      [&] {
+        if (ctx.topo.rank == 0) model::save_checkpoint(root, model, &optimizer, state);
+      },
+      timeout_of(ctx));
+}
+
+std::string rank_rng_state(const model::TrainState& state, int rank, int world) {
+  if (state.rank_rng_states.size() == static_cast<size_t>(world)) {
+    return state.rank_rng_states[static_cast<size_t>(rank)];
+  }
+  if (rank == 0 && world > 1) {
+    std::fprintf(stderr,
+                 "warning: the checkpoint holds generator states of %zu rank(s), this run has %d: "
+                 "every rank continues from rank 0's, so dropout differs from an unbroken run\n",
+                 state.rank_rng_states.size(), world);
+  }
+  return state.rank_rng_states.empty() ? state.rng_state : state.rank_rng_states.front();
+}
+
+void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
+                            const std::vector<StagePart>& mine, int n_stages,
+                            model::TrainState state) {
+  const std::string staging = root + ".next";
+  const bool leader = ctx.topo.rank == 0;
+  const auto timeout = timeout_of(ctx);
+  state.rng_state = compat::rng_state(ctx.device);
+  // 1. A clean staging directory (a run killed while saving may have left one).
+  cli::on_every_rank(
+      [&] {
+        if (!leader) return;
+        GPT2P_CHECK(remove_tree(staging),
+                    "cannot remove the unfinished checkpoint " << staging << ": "
+                                                               << std::strerror(errno),
+                    "remove it by hand, or check the permissions of --out");
+      },
+      timeout);
+  // 2. Every rank its parts; 3. rank 0 commits once all are there.
+  try {
+    cli::on_every_rank(
+        [&] {
+          for (const auto& part : mine) {
+            model::save_checkpoint(staging + "/stage" + std::to_string(part.stage), *part.model,
+                                   part.optimizer, state);
+          }
+        },
+        timeout);
+    cli::on_every_rank(
+        [&] {
+          if (!leader) return;
+          model::write_checkpoint_manifest(staging, {{"format", kSetFormat},
+                                                     {"step", state.step},
+                                                     {"epoch", state.epoch},
+                                                     {"batch_in_epoch", state.batch_in_epoch},
+                                                     {"stages", n_stages}});
+          replace_dir(staging, root);
+        },
+        timeout);
+  } catch (const cli::AgreedFailure&) {
+    if (leader) remove_tree(staging);
+    throw;
+  }
+}
+
+void check_stage_checkpoint(const std::string& root, int n_stages) {
+  const auto manifest = model::read_checkpoint_manifest(root);
+  const auto stages = manifest.value("stages", -1);
+  GPT2P_CHECK(stages == n_stages,
+              "--resume " << root << " holds " << stages << " stages, this run has " << n_stages,
+              "resume with the ranks and --stages-per-rank of the run that wrote it");
+  const auto step = manifest.value("step", int64_t{-1});
+  for (int s = 0; s < n_stages; ++s) {
+    const std::string dir = root + "/stage" + std::to_string(s);
+    const auto state = model::read_train_state(dir);
+    GPT2P_CHECK(state.step == step,
+                "--resume " << root << ": stage " << s << " is at step " << state.step
+                            << " but the checkpoint was committed at step " << step,
+                "the checkpoint was assembled from different saves: resume from one written by a "
+                "single run");
+  }
+}
+
+}  // namespace gpt2p::parallel
