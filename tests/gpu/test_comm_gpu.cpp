@@ -32,9 +32,16 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want) {
   EXPECT_TRUE(torch::equal(g, want)) << "got\n" << g << "\nwant\n" << want;
 }
 
+// NCCL needs a GPU per rank (ranks sharing GPUs use the MPI backend: test_pp_gpu and
+// test_trainers_gpu run that). Every rank sees the same counts, so all skip together.
+bool gpu_per_rank() {
+  return query_topology(MPI_COMM_WORLD).local_size <= static_cast<int>(torch::cuda::device_count());
+}
+
 class NcclTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (!gpu_per_rank()) GTEST_SKIP() << "NCCL needs a GPU per rank";
     CommOptions options;
     options.backend = Backend::kNccl;
     nccl = make_communicator(options);
@@ -193,6 +200,7 @@ TEST_F(NcclTest, ErrorsNameDeviceDtypeAndPeer) {
 // Last: rank 0 starts an all_reduce nobody joins; synchronize() must give up after the timeout,
 // abort the NCCL communicator and throw instead of hanging.
 TEST(NcclTimeout, SynchronizeAbortsAfterTheTimeout) {
+  if (!gpu_per_rank()) GTEST_SKIP() << "NCCL needs a GPU per rank";
   CommOptions options;
   options.backend = Backend::kNccl;
   options.timeout = std::chrono::milliseconds(1000);
