@@ -26,10 +26,6 @@ std::vector<std::string> gather_bytes(comm::Communicator& control, const std::st
   return out;
 }
 
-std::chrono::milliseconds timeout_of(const RunContext& ctx) {
-  return std::chrono::milliseconds(static_cast<int64_t>(ctx.cfg.comm_timeout_s * 1000));
-}
-
 }  // namespace
 
 ResumePoint resume_point(int64_t epoch, int64_t next_batch, int64_t batches_per_epoch) {
@@ -46,7 +42,7 @@ void save_replicated_checkpoint(const RunContext& ctx, const std::string& root,
       [&] {
         if (ctx.topo.rank == 0) model::save_checkpoint(root, model, &optimizer, state);
       },
-      timeout_of(ctx));
+      ctx.control_timeout());
 }
 
 std::string rank_rng_state(const model::TrainState& state, int rank, int world) {
@@ -67,7 +63,7 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
                             model::TrainState state) {
   const std::string staging = root + ".next";
   const bool leader = ctx.topo.rank == 0;
-  const auto timeout = timeout_of(ctx);
+  const auto timeout = ctx.control_timeout();
   state.rng_state = compat::rng_state(ctx.device);
   // 1. A clean staging directory (a run killed while saving may have left one).
   cli::on_every_rank(

@@ -195,7 +195,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     const auto range = split[static_cast<size_t>(s)];
     model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
     model->reset_parameters(cfg.seed);
-    if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
+    if (!cfg.init_from.empty()) {
+      cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.control_timeout());
+    }
     model->to(ctx.device);
     optimizers.push_back(std::make_unique<compat::FusedAdamW>(
         model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
@@ -204,14 +206,20 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   }
   model::TrainState state;
   if (!cfg.resume.empty()) {
-    for (int c = 0; c < v; ++c) {
-      const std::string dir =
-          cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
-      auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
-                                       optimizers[static_cast<size_t>(c)].get());
-      if (c == 0) state = st;
-    }
-    compat::set_rng_state(ctx.device, state.rng_state);
+    // Agreed before anything is written: a stage that cannot be read ends the job on every rank
+    // while the run's files are as they were.
+    cli::on_every_rank(
+        [&] {
+          for (int c = 0; c < v; ++c) {
+            const std::string dir =
+                cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
+            auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
+                                             optimizers[static_cast<size_t>(c)].get());
+            if (c == 0) state = st;
+          }
+          compat::set_rng_state(ctx.device, state.rng_state);
+        },
+        ctx.control_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
   }
 

@@ -56,7 +56,9 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));  // dropout differs per rank
   model::GPT2 model(ctx.model_config);
   model->reset_parameters(cfg.seed);
-  if (!cfg.init_from.empty()) init_from(model, cfg.init_from);
+  if (!cfg.init_from.empty()) {
+    cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.control_timeout());
+  }
   model->to(ctx.device);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
   auto params = model->parameters();
@@ -65,8 +67,13 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
 
   model::TrainState state;
   if (!cfg.resume.empty()) {
-    state = model::load_checkpoint(cfg.resume, *model, &optimizer);
-    compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
+    // Agreed before anything is written (see pp_trainer.cpp).
+    cli::on_every_rank(
+        [&] {
+          state = model::load_checkpoint(cfg.resume, *model, &optimizer);
+          compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
+        },
+        ctx.control_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
   }
   const auto reduce_dtype = cfg.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;

@@ -14,12 +14,14 @@
 
 #include "gpt2p/core/error.h"
 #include "support/temp_dir.h"
+#include "support/tmpfs.h"
 
 namespace gpt2p {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::TempDir;
+using testing::Tmpfs;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -28,30 +30,6 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// A small tmpfs mounted on a fresh directory, to make a real full or read-only file system.
-// Mounting needs root (the test machines run tests as root); tests skip when it is refused.
-class Tmpfs {
- public:
-  explicit Tmpfs(const std::string& options, unsigned long flags = 0) : dir_("tmpfs") {
-    mounted_ = ::mount("tmpfs", dir_.str().c_str(), "tmpfs", flags, options.c_str()) == 0;
-    error_ = mounted_ ? "" : std::strerror(errno);
-  }
-  ~Tmpfs() {
-    if (mounted_) ::umount2(dir_.str().c_str(), MNT_DETACH);
-  }
-  Tmpfs(const Tmpfs&) = delete;
-  Tmpfs& operator=(const Tmpfs&) = delete;
-
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-  std::string operator/(const std::string& name) const { return dir_ / name; }
-  int entries() const { return dir_.entries(); }
-
- private:
-  TempDir dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
 
 // The message and fix of the FileError that `f` throws, and its errno.
 struct Caught {

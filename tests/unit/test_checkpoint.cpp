@@ -22,6 +22,7 @@
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/model/safetensors.h"
 #include "support/temp_dir.h"
+#include "support/tmpfs.h"
 #include "support/errors.h"
 
 namespace gpt2p::model {
@@ -33,6 +34,7 @@ using gpt2p::testing::error_with_hint;
 namespace fs = std::filesystem;
 
 using gpt2p::testing::TempDir;
+using gpt2p::testing::Tmpfs;
 
 GPT2Config tiny_config(int64_t vocab = 100) {
   GPT2Config c = preset("tiny");
@@ -278,38 +280,6 @@ TEST(Checkpoint, MismatchErrorsNameCheckpointParameterShapesAndFix) {
             std::string::npos);
 }
 
-// A small tmpfs mounted on a fresh directory, for a real full disk. Mounting needs root (the test
-// machines run tests as root); tests skip when it is refused.
-class Tmpfs {
- public:
-  explicit Tmpfs(const std::string& options) : dir_("tmpfs") {
-    mounted_ = ::mount("tmpfs", dir_.str().c_str(), "tmpfs", 0, options.c_str()) == 0;
-    error_ = mounted_ ? "" : std::strerror(errno);
-  }
-  ~Tmpfs() {
-    if (mounted_) ::umount2(dir_.str().c_str(), MNT_DETACH);
-  }
-  Tmpfs(const Tmpfs&) = delete;
-  Tmpfs& operator=(const Tmpfs&) = delete;
-
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-  std::string operator/(const std::string& name) const { return dir_ / name; }
-  int entries() const { return dir_.entries(); }
-  bool remount_read_only() const {
-    return ::mount("tmpfs", dir_.str().c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "") == 0;
-  }
-  uint64_t free_bytes() const {
-    struct statvfs st {};
-    ::statvfs(dir_.str().c_str(), &st);
-    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-  }
-
- private:
-  TempDir dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

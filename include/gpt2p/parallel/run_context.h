@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,10 @@ struct RunContext {
   // MPI over CPU tensors, for the host's decisions: stop requests, checkpoint commits.
   std::unique_ptr<comm::Communicator> control;
   data::BpeTokenizer tokenizer;
+  // --comm-timeout, for waits of the ranks' own agreements (cli::on_every_rank).
+  std::chrono::milliseconds control_timeout() const {
+    return std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
+  }
   data::SpecialTokens special;
   model::GPT2Config model_config;
 };
