@@ -53,7 +53,7 @@ job_build() {
 # Prints the launch line, then (unless a dry run) runs it with output teed into $RESULTS.
 # Returns the command's exit status (75: a trainer stopped by SIGTERM after its checkpoint).
 # With LAUNCHER=mpirun, a SIGTERM/SIGINT of this shell (sbatch --signal=B:TERM@120) is handed to
-# mpirun, which passes it to the ranks. srun's ranks are signalled by Slurm itself (--signal=TERM@120).
+# mpirun as SIGUSR1, which it passes to the ranks. srun's ranks are signalled by Slurm itself (--signal=TERM@120).
 job_launch() {
   echo "launch: $*"
   [ "$DRY_RUN" = 1 ] && return 0
@@ -62,14 +62,12 @@ job_launch() {
     return "${PIPESTATUS[0]}"
   fi
   local pid rc=0
-  # After SIGTERM mpirun gives the ranks this long before it kills them (Open MPI's default: 1 s),
-  # the time a large model's checkpoint needs. The price: mpirun also waits this long after a
-  # failing rank before it ends the job.
-  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}
   "$@" > >(tee -a "$RESULTS/job.log") 2>&1 &
   pid=$!
   # shellcheck disable=SC2064
-  trap "kill -TERM $pid 2>/dev/null" TERM INT
+  # mpirun kills its ranks a second after a SIGTERM, but passes SIGUSR1 on: the trainers take
+  # both as "checkpoint and stop".
+  trap "kill -USR1 $pid 2>/dev/null" TERM INT
   # A trapped signal ends `wait` early: wait again until the command itself has ended.
   wait "$pid" || rc=$?
   while kill -0 "$pid" 2>/dev/null; do rc=0; wait "$pid" || rc=$?; done

@@ -9,6 +9,7 @@ namespace {
 volatile std::sig_atomic_t g_received = 0;
 struct sigaction g_previous_term {};
 struct sigaction g_previous_int {};
+struct sigaction g_previous_usr1 {};
 
 extern "C" void on_stop_signal(int signal) {
   g_received = signal;
@@ -26,11 +27,13 @@ StopSignals::StopSignals() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &action, &g_previous_term);
   sigaction(SIGINT, &action, &g_previous_int);
+  sigaction(SIGUSR1, &action, &g_previous_usr1);
 }
 
 StopSignals::~StopSignals() {
   sigaction(SIGTERM, &g_previous_term, nullptr);
   sigaction(SIGINT, &g_previous_int, nullptr);
+  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
 }
 
 int StopSignals::received() { return g_received; }
@@ -41,6 +44,8 @@ const char* signal_name(int signal) {
       return "SIGTERM";
     case SIGINT:
       return "SIGINT";
+    case SIGUSR1:
+      return "SIGUSR1";
     default: {
       static thread_local std::string text;
       text = "signal " + std::to_string(signal);
