@@ -213,8 +213,9 @@ torch::Tensor MpiCommunicator::wire_buffer(const torch::Tensor& t, bool fill) co
     // to(kCPU) waits for the current stream's work on t; a receive buffer needs no values.
     return fill ? t.to(torch::kCPU).contiguous() : torch::empty(t.sizes(), t.options().device(torch::kCPU));
   }
+  torch::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
   if (t.is_cuda()) compat::synchronize(t.device());  // MPI reads device memory outside any stream
-  return t.is_contiguous() ? t : t.contiguous();
+  return buffer;
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int count, const char* op, int peer) const {

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -49,7 +50,13 @@ struct NcclState {
   ~NcclState() {
     if (comm != nullptr && !aborted) {
       cudaSetDevice(device);
-      ncclCommDestroy(comm);
+      // Unwinding after an error ends in MPI_Abort: ncclCommDestroy would first wait for queued
+      // work that a dead or stuck peer never completes (c10d aborts for the same reason).
+      if (std::uncaught_exceptions() > 0) {
+        ncclCommAbort(comm);
+      } else {
+        ncclCommDestroy(comm);
+      }
     }
   }
 

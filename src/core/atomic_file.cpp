@@ -207,6 +207,17 @@ void replace_dir(const std::string& staged_in, const std::string& dir_in) {
   const std::string parent = parent_of(dir);
   const std::string old = dir + ".old." + std::to_string(::getpid());
   const bool had_old = exists(dir);
+  if (had_old &&
+      ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    // One atomic swap: there is no moment without a complete `dir`; `staged` now holds the
+    // previous one.
+    fsync_dir(parent);
+    GPT2P_CHECK(remove_tree(staged), "cannot remove the previous " << dir << " (kept as " << staged
+                                         << "): " << std::strerror(errno),
+                "remove it by hand; the new " << dir << " is complete");
+    return;
+  }
+  // File systems without RENAME_EXCHANGE: two renames, the previous one kept aside in between.
   if (had_old) {
     GPT2P_CHECK(remove_tree(old), "cannot remove the stale " << old << ": " << std::strerror(errno),
                 "remove it by hand");

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/core/atomic_file.h"
@@ -42,7 +43,7 @@ void save_replicated_checkpoint(const RunContext& ctx, const std::string& root,
       [&] {
         if (ctx.topo.rank == 0) model::save_checkpoint(root, model, &optimizer, state);
       },
-      ctx.control_timeout());
+      ctx.checkpoint_timeout());
 }
 
 std::string rank_rng_state(const model::TrainState& state, int rank, int world) {
@@ -63,7 +64,7 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
                             model::TrainState state) {
   const std::string staging = root + ".next";
   const bool leader = ctx.topo.rank == 0;
-  const auto timeout = ctx.control_timeout();
+  const auto timeout = ctx.checkpoint_timeout();
   state.rng_state = compat::rng_state(ctx.device);
   // 1. A clean staging directory (a run killed while saving may have left one).
   cli::on_every_rank(
@@ -102,7 +103,36 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
   }
 }
 
+namespace {
+
+// A pipeline checkpoint written before stages were committed together has no manifest: it is
+// taken when every stage is at one step.
+void check_stages_without_manifest(const std::string& root, int n_stages) {
+  std::string steps;
+  bool same = true;
+  int64_t first = -1;
+  for (int s = 0; s < n_stages; ++s) {
+    const std::string dir = root + "/stage" + std::to_string(s);
+    if (!model::is_checkpoint_dir(dir)) return;  // checkpoint_partition names the missing stage
+    const int64_t step = model::read_train_state(dir).step;
+    if (s == 0) first = step;
+    same = same && step == first;
+    steps += (s == 0 ? "" : ", ") + std::string("stage ") + std::to_string(s) + ": " +
+             std::to_string(step);
+  }
+  GPT2P_CHECK(same,
+              "--resume " << root << " is not a committed checkpoint: it has no manifest.json and "
+                          << "its stages are at different steps (" << steps << ")",
+              "resume from a checkpoint that one run wrote whole");
+}
+
+}  // namespace
+
 void check_stage_checkpoint(const std::string& root, int n_stages) {
+  if (!std::filesystem::exists(root + "/manifest.json")) {
+    check_stages_without_manifest(root, n_stages);
+    return;
+  }
   const auto manifest = model::read_checkpoint_manifest(root);
   const auto stages = manifest.value("stages", -1);
   GPT2P_CHECK(stages == n_stages,

@@ -175,7 +175,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                                         cfg.batch_size, cfg.seq_len, cfg.seed},
                        /*rank=*/0, /*world=*/1);
       },
-      ctx.control_timeout());
+      ctx.checkpoint_timeout());
   TrainData& data = *opened;
   const auto positions = model::parse_loss_positions(cfg.loss_positions);
   // The head's cost depends on how many positions it runs at: the data's share of targets.
@@ -187,9 +187,14 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                                  bf16, loss_share);
     compat::reset_peak_memory(ctx.device);
   }
-  const auto split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
-                                                          cfg.seq_len, costs, v, loss_share)
-                                        : checkpoint_partition(cfg.resume, n_stages);
+  pipeline::Partition split;  // agreed: a checkpoint every rank rejects is reported once
+  cli::on_every_rank(
+      [&] {
+        split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
+                                                     cfg.seq_len, costs, v, loss_share)
+                                   : checkpoint_partition(cfg.resume, n_stages);
+      },
+      ctx.checkpoint_timeout());
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
   const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
@@ -205,7 +210,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
     model->reset_parameters(cfg.seed);
     if (!cfg.init_from.empty()) {
-      cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.control_timeout());
+      cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
     }
     model->to(ctx.device);
     optimizers.push_back(std::make_unique<compat::FusedAdamW>(
@@ -228,7 +233,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
           }
           compat::set_rng_state(ctx.device, state.rng_state);
         },
-        ctx.control_timeout());
+        ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
   }
 
@@ -316,6 +321,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     for (auto& model : models) model->train();
     compat::reset_peak_memory(ctx.device);
     EpochTotals totals;
+    bool last_batch = false;  // the run stopped after the epoch's last batch
     for (int64_t b = data.position().batch; b < per_epoch; ++b) {
       io::StepRecord rec;
       rec.step = step;
@@ -367,10 +373,13 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                        stopped_by != 0)) {
         if (stopped_by != 0) save(epoch, b + 1);
         done = true;
+        last_batch = b + 1 == per_epoch;
         break;
       }
     }
-    if (stopped_by != 0) {
+    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's end
+    // (evaluation, its row) runs first, below, for the resume starts the next epoch.
+    if (stopped_by != 0 && !last_batch) {
       recorder.close();
       report_stopped("pp_train", stopped_by, step, checkpoint, rank);
       return cli::kExitStopped;
@@ -387,9 +396,15 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       std::fflush(stdout);
     }
     recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, std::nan("")));
-    if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
+    if (cfg.save_every == 0 && stopped_by == 0) save(resume_at.epoch, resume_at.batch);
     // Evaluation and the checkpoints must not leak into another rank's next timed step.
     if (n > 1) ctx.comm->barrier();
+    if (stopped_by != 0) {
+      recorder.set_attribute("peak_memory_bytes", run_peak);
+      recorder.close();
+      report_stopped("pp_train", stopped_by, step, checkpoint, rank);
+      return cli::kExitStopped;
+    }
   }
   recorder.set_attribute("peak_memory_bytes", run_peak);  // training's, evaluation left out
   recorder.close();

@@ -54,7 +54,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
                                         cfg.batch_size, cfg.seq_len, cfg.seed},
                        rank, world);
       },
-      ctx.control_timeout());
+      ctx.checkpoint_timeout());
   TrainData& data = *opened;
   const int64_t micro = data.local_batch() / cfg.grad_accum;
   GPT2P_CHECK(micro * cfg.grad_accum == data.local_batch(),
@@ -66,7 +66,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   model::GPT2 model(ctx.model_config);
   model->reset_parameters(cfg.seed);
   if (!cfg.init_from.empty()) {
-    cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.control_timeout());
+    cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
   }
   model->to(ctx.device);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
@@ -82,7 +82,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
           state = model::load_checkpoint(cfg.resume, *model, &optimizer);
           compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
         },
-        ctx.control_timeout());
+        ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
   }
   const auto reduce_dtype = cfg.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
@@ -131,6 +131,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     model->train();
     compat::reset_peak_memory(ctx.device);
     EpochTotals totals;
+    bool last_batch = false;  // the run stopped after the epoch's last batch
     for (int64_t b = data.position().batch; b < per_epoch; ++b) {
       io::StepRecord rec;
       rec.step = step;
@@ -190,10 +191,13 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
                        stopped_by != 0)) {
         if (stopped_by != 0) save(epoch, b + 1);
         done = true;
+        last_batch = b + 1 == per_epoch;
         break;
       }
     }
-    if (stopped_by != 0) {
+    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's end
+    // (evaluation, its row) runs first, below, for the resume starts the next epoch.
+    if (stopped_by != 0 && !last_batch) {
       recorder.close();
       report_stopped(name, stopped_by, step, checkpoint, rank);
       return cli::kExitStopped;
@@ -232,9 +236,15 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       std::fflush(stdout);
     }
     recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, bleu));
-    if (cfg.save_every == 0) save(resume_at.epoch, resume_at.batch);
+    if (cfg.save_every == 0 && stopped_by == 0) save(resume_at.epoch, resume_at.batch);
     // Evaluation and rank 0's checkpoint must not leak into another rank's next timed step.
     if (world > 1) ctx.comm->barrier();
+    if (stopped_by != 0) {
+      recorder.set_attribute("peak_memory_bytes", run_peak);
+      recorder.close();
+      report_stopped(name, stopped_by, step, checkpoint, rank);
+      return cli::kExitStopped;
+    }
   }
   recorder.set_attribute("peak_memory_bytes", run_peak);  // training's, evaluation left out
   recorder.close();

@@ -7,7 +7,8 @@
 //  * Pipeline (one part per stage): every rank writes its stages into <root>.next/stage<s>; the
 //    ranks agree that all parts are complete; rank 0 writes <root>.next/manifest.json (the
 //    commit marker: step, epoch, batch, stage count) and renames <root>.next over <root>.
-//    Resuming reads the manifest first, and every stage must be at its step.
+//    Resuming reads the manifest first, and every stage must be at its step (a checkpoint from
+//    before manifests is taken when all its stages are at one step).
 //
 // A failure on any rank (disk full, parameters not finite, a read-only --out) ends the job through
 // cli::on_every_rank: one message from the lowest failing rank, the old checkpoint kept, the

@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -36,6 +37,11 @@ struct RunContext {
   // --comm-timeout, for waits of the ranks' own agreements (cli::on_every_rank).
   std::chrono::milliseconds control_timeout() const {
     return std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
+  }
+  // For agreements around checkpoint writes and reads, where the other ranks wait while one
+  // writes gigabytes (to a network file system, say): 10x --comm-timeout, at least 15 minutes.
+  std::chrono::milliseconds checkpoint_timeout() const {
+    return std::max(10 * control_timeout(), std::chrono::milliseconds(15 * 60 * 1000));
   }
   data::SpecialTokens special;
   model::GPT2Config model_config;
