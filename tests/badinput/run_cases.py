@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -133,8 +134,10 @@ class Fixtures:
                 raise FixtureError(self._failed["data"])
             out = self.tmp / "fixtures" / "ding-gpt2.h5"
             out.parent.mkdir(parents=True, exist_ok=True)
-            rc, so, se, secs, hung = run_group(f"{self.bin}/prepare_data --out {out}", self.tmp,
-                                               self.env, 300)
+            vocab = self.env.get("GPT2P_VOCAB_DIR", str(ROOT / ".cache" / "gpt2-vocab"))
+            rc, so, se, secs, hung = run_group(
+                f"{self.bin}/prepare_data --out {out} --vocab-dir {shlex.quote(vocab)}", self.tmp,
+                self.env, 300)
             if rc != 0:
                 self._failed["data"] = f"prepare_data failed (rc {rc}): {tail(se or so)}"
                 raise FixtureError(self._failed["data"])
