@@ -35,7 +35,7 @@ check() {  # check NAME COMMAND...: runs it, prints PASS/FAIL
 
 # The fresh machine's sequence, as in scripts/test and scripts/run: source lib.sh, run setup
 # (here: the packages appear), then run Python through $GPT2P_PYTHON.
-session() {
+first_run() {
   env -u GPT2P_PYTHON PATH="$tmp/pyenv:$PATH" GPT2P_SYSTEM_PYTHON="$tmp/system/python3" \
     bash -c 'set -euo pipefail
       source "$1/scripts/lib.sh"
@@ -46,8 +46,8 @@ session() {
       "$GPT2P_PYTHON" -c "import h5py, numpy, matplotlib, sys; print(sys.argv[0])" >"$2/import.out" 2>&1
       gpt2p_python h5py numpy matplotlib pytest >"$2/chosen.out"' _ "$root" "$tmp"
 }
-session_rc=0
-session >"$tmp/session.log" 2>&1 || session_rc=$?
+first_run_rc=0
+first_run >"$tmp/first_run.log" 2>&1 || first_run_rc=$?
 
 nothing_probed_before_setup() {
   # Sourcing lib.sh must not run any Python: what it found then would be stale after setup.
@@ -55,8 +55,8 @@ nothing_probed_before_setup() {
     { echo "  lib.sh ran Python when sourced:"; sed -n '/^after-source/q;p' "$tmp/calls.log" | sed 's/^/    /'; false; }
 }
 pytest_runs_after_setup() {
-  [ "$session_rc" = 0 ] && grep -q '^pytest ' "$tmp/pytest.out" ||
-    { echo "  session rc $session_rc:"; sed 's/^/    /' "$tmp/session.log" "$tmp/pytest.out" "$tmp/import.out" 2>/dev/null; false; }
+  [ "$first_run_rc" = 0 ] && grep -q '^pytest ' "$tmp/pytest.out" ||
+    { echo "  first run rc $first_run_rc:"; sed 's/^/    /' "$tmp/first_run.log" "$tmp/pytest.out" "$tmp/import.out" 2>/dev/null; false; }
 }
 system_python_chosen() {
   [ "$(cat "$tmp/chosen.out" 2>/dev/null)" = "$tmp/system/python3" ] ||
