@@ -166,16 +166,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
                                 << " ranks, as --schedule interleaved needs",
               "pick --microbatches from " << n << ", " << 2 * n << ", " << 4 * n << ", ...");
   // Pipeline ranks all see the full global batch (a data "world" of one).
-  // Opened on every rank and agreed: a dataset every rank rejects is reported once.
   std::optional<TrainData> opened;
-  cli::on_every_rank(
-      [&] {
-        opened.emplace(TrainDataOptions{cfg.data, ctx.tokenizer.identity(),
-                                        ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
-                                        cfg.batch_size, cfg.seq_len, cfg.seed},
-                       /*rank=*/0, /*world=*/1);
-      },
-      ctx.checkpoint_timeout());
+  open_train_data(ctx, /*rank=*/0, /*world=*/1, opened);
   TrainData& data = *opened;
   const auto positions = model::parse_loss_positions(cfg.loss_positions);
   // The head's cost depends on how many positions it runs at: the data's share of targets.

@@ -139,6 +139,18 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   return ctx;
 }
 
+void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data) {
+  const auto& cfg = ctx.cfg;
+  cli::on_every_rank(
+      [&] {
+        data.emplace(TrainDataOptions{cfg.data, ctx.tokenizer.identity(),
+                                      ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
+                                      cfg.batch_size, cfg.seq_len, cfg.seed},
+                     rank, world);
+      },
+      ctx.checkpoint_timeout());
+}
+
 model::GPT2Config model_config_for(const cli::TrainConfig& cfg, int64_t vocab_size) {
   auto c = model::preset(cfg.preset);
   if (cfg.n_layer > 0) c.n_layer = cfg.n_layer;

@@ -45,16 +45,8 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
               "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
               "pass a global batch that is a multiple of the number of ranks");
 
-  // Opened on every rank and agreed: a dataset every rank rejects is reported once.
   std::optional<TrainData> opened;
-  cli::on_every_rank(
-      [&] {
-        opened.emplace(TrainDataOptions{cfg.data, ctx.tokenizer.identity(),
-                                        ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
-                                        cfg.batch_size, cfg.seq_len, cfg.seed},
-                       rank, world);
-      },
-      ctx.checkpoint_timeout());
+  open_train_data(ctx, rank, world, opened);
   TrainData& data = *opened;
   const int64_t micro = data.local_batch() / cfg.grad_accum;
   GPT2P_CHECK(micro * cfg.grad_accum == data.local_batch(),

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gpt2p/cli/train_options.h"
@@ -16,6 +17,7 @@
 #include "gpt2p/io/run_record.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/gpt2.h"
+#include "gpt2p/parallel/train_data.h"
 
 namespace gpt2p::parallel {
 
@@ -53,6 +55,10 @@ struct RunContext {
 // (local rank) and backend (--comm), limits CPU threads to this rank's share of the cores and
 // makes the communicators.
 RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const Topology& topo);
+
+// Opens the run's training data as data rank `rank` of `world` into `data`, on every rank as an
+// agreed check (cli::on_every_rank): a dataset every rank rejects is reported once.
+void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data);
 
 // Preset + overrides, vocabulary = the tokenizer's (GPT-2 + 3 specials), context >= --seq-len.
 model::GPT2Config model_config_for(const cli::TrainConfig& cfg, int64_t vocab_size);
