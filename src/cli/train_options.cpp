@@ -81,6 +81,8 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
       ("precision", po::value(&c.precision)->default_value(c.precision), "fp32 | tf32 | bf16 (bf16 autocast on cuda)")
       ("loss-positions", po::value(&c.loss_positions)->default_value(c.loss_positions), "targets (the LM head and its cross-entropy run only where the loss mask counts: same loss and gradients, a fraction of the head's work) | all (every position, as a plain head)")
       ("device", po::value(&c.device)->default_value(c.device), "auto | cpu | cuda (auto: cuda when built with CUDA and a GPU is present)")
+      ("kernels", po::value(&c.kernels)->default_value(c.kernels), "auto | fused | reference: the LM head's softmax and cross-entropy by the project's CUDA kernels (fused) or ATen ops (reference); auto = fused on CUDA")
+      ("attention", po::value(&c.attention)->default_value(c.attention), "auto | flash | cudnn | efficient | math: the kernels scaled_dot_product_attention may use (auto: all, torch's choice); the start-up line names the one that runs")
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for initialisation, shuffling and dropout")
       ("warmup-epochs", po::value(&c.warmup_epochs)->notifier(non_negative<int>("warmup-epochs"))->default_value(c.warmup_epochs), "epochs the analysis drops as warm-up (recorded in the output)");
   po::options_description out("Output");
@@ -91,6 +93,8 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
       ("resume", po::value(&c.resume), "resume from this checkpoint directory (model, optimizer, step, RNG, data position)")
       ("translate-samples", po::value(&c.translate_samples)->notifier(non_negative<int>("translate-samples", "a count >= 0 (0 = none)")), "test pairs greedily translated (and BLEU-scored) per epoch (default: 4 on cuda, 2 on cpu)")
       ("log-every", po::value(&c.log_every)->notifier(positive<int>("log-every"))->default_value(c.log_every), "rank 0 prints a progress line every N steps")
+      ("profile", po::value(&c.profile), "write a Chrome trace of every rank's operators and CUDA kernels (libtorch's profiler) to DIR/trace_rank<r>.json, for --profile-steps steps after 5 others; analysis/kernel_table.py sums it per kernel")
+      ("profile-steps", po::value(&c.profile_steps)->notifier(positive<int>("profile-steps"))->default_value(c.profile_steps), "steps --profile records")
       ("comm-timeout", po::value(&c.comm_timeout_s)->default_value(c.comm_timeout_s), "seconds a rank waits on a peer (a collective or a transfer, NCCL or MPI) before failing the job")
       ("comm", po::value(&c.comm)->default_value(c.comm), "auto | nccl | mpi: how ranks talk; auto = nccl when every rank has a GPU of its own, else mpi (CUDA tensors staged through host memory: for development on one GPU, timings not meaningful)")
       ("overwrite", po::bool_switch(&c.overwrite), "let a fresh run replace the checkpoint and rank files already in --out (without it such a run is refused)");
@@ -156,6 +160,11 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require_one_of("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
   require_one_of("embedding-sync", c.embedding_sync, {"sparse", "dense"});
   require_one_of("loss-positions", c.loss_positions, {"targets", "all"});
+  require_one_of("kernels", c.kernels, {"auto", "fused", "reference"});
+  require(c.kernels != "fused" || gpu,
+          "--kernels fused runs on CUDA only (pass --device cuda on a CUDA build, or --kernels "
+          "reference)");
+  require_one_of("attention", c.attention, {"auto", "flash", "cudnn", "efficient", "math"});
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
   require(c.zb_extra_live >= -1,
           "--zb-extra-live " + std::to_string(c.zb_extra_live) +
@@ -194,7 +203,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
           {"zb_extra_live", c.zb_extra_live},
           {"partition", c.partition}, {"comm_timeout_s", c.comm_timeout_s},
-          {"comm", c.comm}, {"overwrite", c.overwrite}};
+          {"comm", c.comm}, {"overwrite", c.overwrite}, {"kernels", c.kernels},
+          {"attention", c.attention}, {"profile", c.profile}, {"profile_steps", c.profile_steps}};
 }
 
 bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) {

@@ -42,6 +42,44 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 #endif
 }
 
+void set_attention_backend(const std::string& name) {
+  const bool known = name == "auto" || name == "flash" || name == "cudnn" ||
+                     name == "efficient" || name == "math";
+  GPT2P_CHECK(known, "--attention " << name << " is not known",
+              "pass --attention auto, flash, cudnn, efficient or math");
+#if GPT2P_TORCH_AT_LEAST(2, 2)
+  auto& ctx = at::globalContext();
+  const bool all = name == "auto";
+  ctx.setSDPUseFlash(all || name == "flash");
+  ctx.setSDPUseCuDNN(all || name == "cudnn");
+  ctx.setSDPUseMemEfficient(all || name == "efficient");
+  ctx.setSDPUseMath(all || name == "math");
+#else
+  GPT2P_CHECK(name == "auto" || name == "math",
+              "--attention " << name << ": libtorch " << TORCH_VERSION
+                             << " computes attention explicitly (no fused kernels)",
+              "pass --attention auto, or build against libtorch 2.2 or later");
+#endif
+}
+
+std::string attention_backend(const torch::Device& device, torch::ScalarType dtype, int64_t heads,
+                              int64_t seq, int64_t head_dim, double dropout) {
+#if GPT2P_TORCH_AT_LEAST(2, 2)
+  const auto q = torch::empty({1, heads, seq, head_dim}, torch::TensorOptions().dtype(dtype).device(device));
+  const int64_t choice = at::_fused_sdp_choice(q, q, q, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  switch (choice) {  // sdp::SDPBackend (ATen/native/transformers/sdp_utils_cpp.h)
+    case 0: return "math";
+    case 1: return "flash";
+    case 2: return "efficient";
+    case 3: return "cudnn";
+    default: return "backend " + std::to_string(choice);
+  }
+#else
+  (void)device, (void)dtype, (void)heads, (void)seq, (void)head_dim, (void)dropout;
+  return "explicit";
+#endif
+}
+
 const char* torch_version() { return TORCH_VERSION; }
 
 at::Generator make_cpu_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }

@@ -174,7 +174,8 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows, bool 
   const auto hidden = features(x);
   const auto flat = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows.index);
   return linear_cross_entropy(flat, wte->weight, rows.labels, rows.weights, config_.vocab_size,
-                              bf16 ? torch::kBFloat16 : wte->weight.scalar_type(), chunk_rows);
+                              bf16 ? torch::kBFloat16 : wte->weight.scalar_type(), chunk_rows,
+                              head_kernels_);
 }
 
 torch::Tensor GPT2Impl::features(const torch::Tensor& x) {

@@ -4,6 +4,9 @@
 #include <limits>
 
 #include "gpt2p/core/error.h"
+#if GPT2P_WITH_CUDA
+#include "gpt2p/kernels/fused_head.h"
+#endif
 
 namespace gpt2p::model {
 
@@ -16,6 +19,33 @@ LossPositions parse_loss_positions(const std::string& name) {
 
 const char* to_string(LossPositions positions) {
   return positions == LossPositions::kTargets ? "targets" : "all";
+}
+
+bool fused_kernels_built() {
+#if GPT2P_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+HeadKernels parse_head_kernels(const std::string& name, bool cuda_device) {
+  if (name == "reference") return HeadKernels::kReference;
+  if (name == "auto") {
+    return fused_kernels_built() && cuda_device ? HeadKernels::kFused : HeadKernels::kReference;
+  }
+  GPT2P_CHECK(name == "fused", "--kernels " << name << " is not known",
+              "pass --kernels auto, fused or reference");
+  GPT2P_CHECK(fused_kernels_built(),
+              "--kernels fused: this build has no CUDA kernels (its Torch has no CUDA)",
+              "build against a CUDA libtorch, or pass --kernels reference");
+  GPT2P_CHECK(cuda_device, "--kernels fused runs on CUDA devices only",
+              "pass --device cuda, or --kernels reference (or auto) on the CPU");
+  return HeadKernels::kFused;
+}
+
+const char* to_string(HeadKernels kernels) {
+  return kernels == HeadKernels::kFused ? "fused" : "reference";
 }
 
 std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor& mask, int parts,
@@ -61,11 +91,11 @@ struct HeadResult {
   torch::Tensor loss, grad_hidden, grad_weight;
 };
 
-// The loss, and with `grads` the gradients of hidden and weight, chunk by chunk.
-HeadResult head_forward(const torch::Tensor& hidden, const torch::Tensor& weight,
-                        const torch::Tensor& labels, const torch::Tensor& weights,
-                        int64_t vocab_size, torch::ScalarType compute, int64_t chunk_rows,
-                        bool grads) {
+// The loss, and with `grads` the gradients of hidden and weight, chunk by chunk, with ATen ops.
+HeadResult head_reference(const torch::Tensor& hidden, const torch::Tensor& weight,
+                          const torch::Tensor& labels, const torch::Tensor& weights,
+                          int64_t vocab_size, torch::ScalarType compute, int64_t chunk_rows,
+                          bool grads) {
   const int64_t n = hidden.size(0), padded = weight.size(0);
   const auto w = weight.to(compute);
   const auto x = hidden.to(compute);
@@ -103,14 +133,84 @@ HeadResult head_forward(const torch::Tensor& hidden, const torch::Tensor& weight
   return r;
 }
 
+#if GPT2P_WITH_CUDA
+// The same with the kernels: per chunk one GEMM into a reused logits buffer, one kernel that
+// turns it into the weighted gradient in place, and two GEMMs, the weight's accumulating in
+// float32. The [rows, padded] tensor is touched three times instead of about ten.
+HeadResult head_fused(const torch::Tensor& hidden, const torch::Tensor& weight,
+                      const torch::Tensor& labels, const torch::Tensor& weights,
+                      int64_t vocab_size, torch::ScalarType compute, int64_t chunk_rows,
+                      bool grads) {
+  GPT2P_CHECK(hidden.is_cuda() && weight.is_cuda(),
+              "the fused LM head runs on CUDA tensors, got hidden on " << hidden.device()
+                                                                        << " and weight on "
+                                                                        << weight.device(),
+              "pass --kernels reference for the CPU");
+  const int64_t n = hidden.size(0), padded = weight.size(0);
+  const auto w = weight.to(compute).contiguous();
+  const auto x = hidden.to(compute).contiguous();
+  const auto row_weights = weights.to(torch::kFloat32);
+  HeadResult r;
+  auto losses = torch::empty({n}, hidden.options().dtype(torch::kFloat32));
+  torch::Tensor grad_weight;
+  if (grads) {
+    r.grad_hidden = torch::empty_like(hidden);
+    grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
+  }
+  auto buffer = torch::empty({std::min(chunk_rows, n), padded}, x.options());
+  for (int64_t begin = 0; begin < n; begin += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n - begin);
+    const auto xc = x.narrow(0, begin, rows);
+    auto logits = buffer.narrow(0, 0, rows);
+    torch::mm_out(logits, xc, w.t());
+    losses.narrow(0, begin, rows)
+        .copy_(kernels::softmax_cross_entropy_(logits, labels.narrow(0, begin, rows),
+                                               row_weights.narrow(0, begin, rows), vocab_size,
+                                               grads));
+    if (!grads) continue;
+    auto gh = r.grad_hidden.narrow(0, begin, rows);
+    if (gh.scalar_type() == compute) {
+      torch::mm_out(gh, logits, w);
+    } else {
+      gh.copy_(logits.mm(w));
+    }
+    kernels::add_matmul_tn(grad_weight, logits, xc);
+  }
+  r.loss = losses.sum();
+  if (grads) {
+    r.grad_weight = grad_weight.scalar_type() == weight.scalar_type()
+                        ? grad_weight
+                        : grad_weight.to(weight.scalar_type());
+  }
+  return r;
+}
+#endif
+
+HeadResult head_forward(const torch::Tensor& hidden, const torch::Tensor& weight,
+                        const torch::Tensor& labels, const torch::Tensor& weights,
+                        int64_t vocab_size, torch::ScalarType compute, int64_t chunk_rows,
+                        bool grads, HeadKernels kernels) {
+#if GPT2P_WITH_CUDA
+  if (kernels == HeadKernels::kFused) {
+    return head_fused(hidden, weight, labels, weights, vocab_size, compute, chunk_rows, grads);
+  }
+#else
+  GPT2P_CHECK(kernels == HeadKernels::kReference,
+              "the fused LM head is not in this build (its Torch has no CUDA)",
+              "pass --kernels reference");
+#endif
+  return head_reference(hidden, weight, labels, weights, vocab_size, compute, chunk_rows, grads);
+}
+
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& labels,
                                const torch::Tensor& weights, int64_t vocab_size,
-                               torch::ScalarType compute, int64_t chunk_rows) {
+                               torch::ScalarType compute, int64_t chunk_rows,
+                               HeadKernels kernels) {
     auto r = head_forward(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
-                          /*grads=*/true);
+                          /*grads=*/true, kernels);
     ctx->save_for_backward({r.grad_hidden, r.grad_weight});
     return r.loss;
   }
@@ -120,7 +220,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const auto saved = ctx->get_saved_variables();
     const auto& g = grad_output[0];
     return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -129,7 +230,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, const torch::Tensor& weights,
                                    int64_t vocab_size, torch::ScalarType compute,
-                                   int64_t chunk_rows) {
+                                   int64_t chunk_rows, HeadKernels kernels) {
   GPT2P_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "linear_cross_entropy: hidden " << hidden.sizes() << " and weight " << weight.sizes()
                                               << " are not [n, C] and [V, C]",
@@ -149,11 +250,11 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Ten
       torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   if (!differentiable) {
     return head_forward(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
-                        /*grads=*/false)
+                        /*grads=*/false, kernels)
         .loss;
   }
   return LinearCrossEntropy::apply(hidden, weight, labels, weights, vocab_size, compute,
-                                   chunk_rows);
+                                   chunk_rows, kernels);
 }
 
 }  // namespace gpt2p::model

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "gpt2p/core/compat.h"
+
 namespace gpt2p::parallel {
 
 torch::Tensor grad_sq_norm(const std::vector<torch::Tensor>& grads) {
@@ -28,6 +30,22 @@ double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm)
   }
   const double norm = std::sqrt(grad_sq_norm(grads).item<double>());
   scale_to_max_norm(grads, norm, max_norm);
+  return norm;
+}
+
+torch::Tensor clip_grad_norm_queued(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  const auto norm = grad_sq_norm(grads).sqrt();
+  if (grads.empty()) return norm;
+  const auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(grads.front().scalar_type());
+#if GPT2P_TORCH_AT_LEAST(2, 1)
+  at::_foreach_mul_(grads, coef);
+#else
+  for (auto& g : grads) g.mul_(coef);
+#endif
   return norm;
 }
 

@@ -12,6 +12,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/flops.h"
 #include "gpt2p/parallel/checkpoint_commit.h"
 #include "gpt2p/parallel/evaluator.h"
 #include "gpt2p/parallel/run_context.h"
@@ -205,6 +206,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
     }
     model->to(ctx.device);
+    model->set_head_kernels(ctx.head_kernels);
     optimizers.push_back(std::make_unique<compat::FusedAdamW>(
         model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
     my_stages.push_back(s);
@@ -274,12 +276,13 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     std::printf(
         "pp_train: %d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
         "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n"
-        "  loss at %s positions (the data's targets: %.3f of positions)\n",
+        "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
         n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
         cfg.resume.empty() ? cfg.partition.c_str() : "checkpoint's",
-        pipeline::to_string(split).c_str(), cfg.loss_positions.c_str(), data.target_fraction());
+        pipeline::to_string(split).c_str(), cfg.loss_positions.c_str(), data.target_fraction(),
+        ctx.describe_kernels().c_str());
     if (!costs.empty()) {
       std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
                   " (= %.2f blocks)\n",
@@ -309,6 +312,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   };
   int stopped_by = 0;  // the signal that stopped the run
   double run_peak = 0;  // bytes: the largest epoch training peak
+  StepProfiler profiler(cfg, ctx.device, rank, state.step);
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
     for (auto& model : models) model->train();
     compat::reset_peak_memory(ctx.device);
@@ -318,6 +322,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       io::StepRecord rec;
       rec.step = step;
       rec.epoch = epoch;
+      profiler.before_step(step);
       const auto t0 = Clock::now();
       rec.start = std::chrono::duration<double>(t0 - run_start).count();
       auto batch = data.next();
@@ -358,8 +363,22 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       rec.padded_tokens = batch.batch.padded_tokens;
       rec.target_tokens = batch.batch.target_tokens;
       rec.lr = cfg.lr;
+      // Model FLOPs: this rank's stages, and the whole model's for the progress line.
+      const int64_t head_rows = positions == model::LossPositions::kAll ? rec.padded_tokens
+                                                                         : rec.target_tokens;
+      rec.flops = 0;
+      for (const int s : my_stages) {
+        const auto r = split[static_cast<size_t>(s)];
+        rec.flops += model::training_flops(ctx.model_config, r.begin, r.end, rec.padded_tokens,
+                                           cfg.seq_len, head_rows);
+      }
+      const double model_flops =
+          model::training_flops(ctx.model_config, 0, ctx.model_config.num_stage_layers(),
+                                rec.padded_tokens, cfg.seq_len, head_rows);
       finish_step(recorder, rec, totals,
-                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, 1.0});
+                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, 1.0, ctx.peak_flops,
+                   model_flops, n});
+      profiler.after_step(step);
       stopped_by = stop_requested(*ctx.control);
       if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
                        stopped_by != 0)) {

@@ -15,6 +15,7 @@
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/flops.h"
 #include "gpt2p/model/hf_checkpoint.h"
 
 namespace gpt2p::parallel {
@@ -97,6 +98,8 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   std::optional<data::BpeTokenizer> tokenizer;
   cli::on_every_rank([&] {
     cli::resolve_train_config(cfg, program, compat::cuda_available());
+    compat::set_attention_backend(cfg.attention);
+    if (!cfg.profile.empty()) compat::Profiler::require_available();
     check_output(cfg);
     tokenizer.emplace(data::BpeTokenizer::from_dir(cfg.vocab_dir));
   });
@@ -105,7 +108,8 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   const auto special = data::register_special_tokens(*tokenizer);
   const Placement placement = place_rank(cfg, topo, timeout);
   RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
-                 nullptr,        nullptr, std::move(*tokenizer),      special, {}};
+                 nullptr,        nullptr, std::move(*tokenizer),      special, {},
+                 model::HeadKernels::kReference, {}, 0.0};
   comm::CommOptions copts;
   copts.timeout = timeout;
   copts.backend = placement.backend;
@@ -136,7 +140,19 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   control.timeout = timeout;
   ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
+  ctx.head_kernels = model::parse_head_kernels(ctx.cfg.kernels, ctx.device.is_cuda());
+  const auto& mc = ctx.model_config;
+  ctx.attention = compat::attention_backend(
+      ctx.device, ctx.cfg.precision == "bf16" && ctx.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32,
+      mc.n_head, ctx.cfg.seq_len, mc.head_dim(), mc.dropout);
+  ctx.peak_flops = ctx.device.is_cuda()
+                       ? model::peak_flops(compat::device_name(ctx.device), ctx.cfg.precision)
+                       : 0.0;
   return ctx;
+}
+
+std::string RunContext::describe_kernels() const {
+  return std::string("kernels ") + model::to_string(head_kernels) + ", attention " + attention;
 }
 
 void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data) {

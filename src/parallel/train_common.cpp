@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "gpt2p/core/compat.h"
@@ -38,10 +39,12 @@ std::string format_eta(double seconds) {
 }
 
 void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch, double loss,
-                    double tokens_per_sec, double eta_seconds) {
-  std::printf("epoch %lld/%d step %lld/%lld loss %.4f tok/s %.0f (all ranks) eta %s\n",
+                    double tokens_per_sec, double mfu, double eta_seconds) {
+  char mfu_text[32] = "";
+  if (std::isfinite(mfu)) std::snprintf(mfu_text, sizeof mfu_text, " mfu %.1f%%", 100 * mfu);
+  std::printf("epoch %lld/%d step %lld/%lld loss %.4f tok/s %.0f (all ranks)%s eta %s\n",
               static_cast<long long>(epoch + 1), epochs, static_cast<long long>(batch + 1),
-              static_cast<long long>(per_epoch), loss, tokens_per_sec,
+              static_cast<long long>(per_epoch), loss, tokens_per_sec, mfu_text,
               format_eta(eta_seconds).c_str());
   std::fflush(stdout);
 }
@@ -53,10 +56,16 @@ void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens
   std::fflush(stdout);
 }
 
-void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTotals& totals,
+void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& totals,
                  const StepPlace& place) {
   GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << rec.step,
               "lower --lr, or use --precision fp32");
+  const double nan = std::nan("");
+  const double seconds = rec.end - rec.start;
+  const bool known = place.peak_flops > 0 && seconds > 0;
+  rec.mfu = known ? rec.flops / seconds / place.peak_flops : nan;
+  const double run_mfu =
+      known ? place.run_flops / seconds / (place.peak_flops * place.ranks) : nan;
   recorder.step(rec);
   totals.time += rec.end - rec.start;
   totals.tokens += rec.padded_tokens;
@@ -68,7 +77,42 @@ void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTota
         (place.epochs - place.epoch - 1) * place.per_epoch + (place.per_epoch - place.batch - 1));
     print_progress(place.epoch, place.epochs, place.batch, place.per_epoch, rec.loss,
                    static_cast<double>(rec.padded_tokens) * place.tokens_factor / step_time,
-                   remaining * step_time);
+                   run_mfu, remaining * step_time);
+  }
+}
+
+struct StepProfiler::Impl {
+  Impl(const torch::Device& device, std::string trace, int64_t first, int64_t last, bool print)
+      : profiler(device), path(std::move(trace)), begin(first), end(last), prints(print) {}
+  compat::Profiler profiler;
+  std::string path;
+  int64_t begin = 0, end = 0;  // steps [begin, end) are profiled
+  bool prints = false;
+};
+
+StepProfiler::StepProfiler(const cli::TrainConfig& cfg, const torch::Device& device, int rank,
+                           int64_t first_step) {
+  if (cfg.profile.empty()) return;
+  impl_ = std::make_unique<Impl>(device,
+                                 cfg.profile + "/trace_rank" + std::to_string(rank) + ".json",
+                                 first_step + kProfileSkip,
+                                 first_step + kProfileSkip + cfg.profile_steps, rank == 0);
+}
+
+StepProfiler::~StepProfiler() = default;
+
+void StepProfiler::before_step(int64_t step) {
+  if (impl_ && step == impl_->begin) impl_->profiler.start();
+}
+
+void StepProfiler::after_step(int64_t step) {
+  if (!impl_ || !impl_->profiler.running() || step + 1 != impl_->end) return;
+  impl_->profiler.stop(impl_->path);
+  if (impl_->prints) {
+    std::printf("profile of steps %lld..%lld written to %s (every rank its own)\n",
+                static_cast<long long>(impl_->begin), static_cast<long long>(impl_->end - 1),
+                impl_->path.c_str());
+    std::fflush(stdout);
   }
 }
 

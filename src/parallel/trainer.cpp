@@ -12,6 +12,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/flops.h"
 #include "gpt2p/parallel/checkpoint_commit.h"
 #include "gpt2p/parallel/evaluator.h"
 #include "gpt2p/parallel/grad_norm.h"
@@ -61,6 +62,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
   }
   model->to(ctx.device);
+  model->set_head_kernels(ctx.head_kernels);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
   auto params = model->parameters();
   compat::FusedAdamW optimizer(params,
@@ -95,11 +97,11 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   };
   if (rank == 0) {
     std::printf("%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
-                "sync %s\n",
+                "sync %s, %s\n",
                 name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
                 model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-                sync->name().c_str());
+                sync->name().c_str(), ctx.describe_kernels().c_str());
     std::fflush(stdout);
   }
 
@@ -117,6 +119,32 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
                                {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
   };
   int stopped_by = 0;  // the signal that stopped the run
+  StepProfiler profiler(cfg, ctx.device, rank, state.step);
+  // A step's batch on the device and its loss rows. The next step's is prepared while the GPU
+  // still works on this one (after the optimizer is queued, before the host waits for the step):
+  // the host's part -- sampling, pinned copies, loss rows -- then leaves no gap on the GPU.
+  struct Prepared {
+    TrainData::Step batch;
+    DeviceBatch dev;
+    std::vector<model::LossRows> rows;
+    double host_seconds = 0;
+  };
+  const auto prepare = [&] {
+    const auto t = Clock::now();
+    Prepared p;
+    p.batch = data.next();
+    p.dev = to_device(p.batch.batch, ctx.device);
+    // The head runs only where the loss counts; weights scaled so that averaging gradients over
+    // `world` ranks gives the gradient of the global batch's mean (train_data.h).
+    p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg.grad_accum,
+                              static_cast<double>(world) /
+                                  static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens)),
+                              positions);
+    p.host_seconds = since(t);
+    return p;
+  };
+  std::optional<Prepared> ahead;
+  data::SamplerPosition before_ahead;  // where the data stood before `ahead` was taken from it
 
   double run_peak = 0;  // bytes: the largest epoch training peak
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
@@ -128,19 +156,17 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       io::StepRecord rec;
       rec.step = step;
       rec.epoch = epoch;
+      profiler.before_step(step);
       const auto t0 = Clock::now();
       rec.start = std::chrono::duration<double>(t0 - run_start).count();
-      auto batch = data.next();
-      auto dev = to_device(batch.batch, ctx.device);
-      rec.data = since(t0);
+      Prepared cur = ahead ? std::move(*ahead) : prepare();
+      ahead.reset();
+      const auto& batch = cur.batch;
+      const auto& dev = cur.dev;
+      const auto& rows = cur.rows;
+      rec.data = cur.host_seconds;
       clock.mark(0);
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
-      // The head runs only where the loss counts; weights scaled so that averaging gradients over
-      // `world` ranks gives the gradient of the global batch's mean (train_data.h).
-      const auto rows = model::loss_rows(
-          dev.labels, host_mask(batch.batch), cfg.grad_accum,
-          static_cast<double>(world) / static_cast<double>(std::max<int64_t>(1, batch.global_target_tokens)),
-          positions);
       for (int k = 0; k < cfg.grad_accum; ++k) {
         torch::Tensor loss;
         {
@@ -157,10 +183,14 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       sync->end_backward();
       const int sync_mark = 2 * cfg.grad_accum + 1;
       clock.mark(sync_mark);
-      if (cfg.grad_clip > 0) clip_grad_norm(params, cfg.grad_clip);
+      if (cfg.grad_clip > 0) clip_grad_norm_queued(params, cfg.grad_clip);
       optimizer.step();
       for (auto& p : params) p.mutable_grad() = torch::Tensor();
       clock.mark(sync_mark + 1);
+      if (b + 1 < per_epoch && (cfg.max_steps == 0 || step + 1 < cfg.max_steps)) {
+        before_ahead = data.position();
+        ahead = prepare();
+      }
       const auto times = sync->finish_step();
       for (int k = 0; k < cfg.grad_accum; ++k) {
         rec.forward += clock.elapsed(2 * k, 1 + 2 * k);
@@ -176,11 +206,20 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
       const double local_sum = loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world;
       rec.loss = batch.batch.target_tokens > 0 ? local_sum / static_cast<double>(batch.batch.target_tokens) : 0.0;
       rec.lr = cfg.lr;
+      rec.flops = model::training_flops(
+          ctx.model_config, 0, ctx.model_config.num_stage_layers(), rec.padded_tokens, cfg.seq_len,
+          positions == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
       finish_step(recorder, rec, totals,
-                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, static_cast<double>(world)});
+                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0,
+                   static_cast<double>(world), ctx.peak_flops, rec.flops * world, world});
+      profiler.after_step(step);
       stopped_by = stop_requested(*ctx.control);
       if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
                        stopped_by != 0)) {
+        if (ahead) {  // a stop: the prepared batch goes back, position() is the next one again
+          data.set_position(before_ahead);
+          ahead.reset();
+        }
         if (stopped_by != 0) save(epoch, b + 1);
         done = true;
         last_batch = b + 1 == per_epoch;

@@ -46,6 +46,26 @@ TEST(GradNorm, MatchesLibtorchClipGradNormWhenClippingAndWhenNot) {
   }
 }
 
+TEST(GradNorm, QueuedClippingEqualsTheHostOneBitwise) {
+  for (double max_norm : {0.5, 1e6}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    auto host = params_with_grads(3.0);
+    auto queued = params_with_grads(3.0);
+    const double n_host = clip_grad_norm(host, max_norm);
+    const auto n_queued = clip_grad_norm_queued(queued, max_norm);
+    EXPECT_EQ(n_queued.scalar_type(), torch::kFloat64);
+    EXPECT_EQ(n_queued.item<double>(), n_host);
+    const auto a = grads_of(host), b = grads_of(queued);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].defined(), b[i].defined()) << i;
+      if (a[i].defined()) {
+        EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+      }
+    }
+  }
+  EXPECT_EQ(clip_grad_norm_queued({}, 1.0).item<double>(), 0.0);
+}
+
 TEST(GradNorm, SumOfSquaresIsFloat64AndZeroForNoGradients) {
   const auto empty = grad_sq_norm({});
   EXPECT_EQ(empty.scalar_type(), torch::kFloat64);

@@ -37,6 +37,8 @@ struct TrainConfig {
   std::string precision = "fp32";  // fp32 | tf32 | bf16
   std::string loss_positions = "targets";  // targets | all (model/lm_head_loss.h)
   std::string device = "auto";     // auto | cpu | cuda
+  std::string kernels = "auto";    // auto | fused | reference (model/lm_head_loss.h)
+  std::string attention = "auto";  // auto | flash | cudnn | efficient | math (core/compat.h)
   uint64_t seed = 11868;
   int warmup_epochs = 1;  // epochs the analysis drops (recorded, not used by training)
 
@@ -47,6 +49,8 @@ struct TrainConfig {
   std::string resume;
   int translate_samples = -1;  // -1: 4 on cuda, 2 on cpu
   int log_every = 10;
+  std::string profile;     // a Chrome trace of --profile-steps steps goes here (empty: none)
+  int profile_steps = 3;   // steps profiled, after 5 unprofiled ones
   double comm_timeout_s = 60;  // any wait on a peer (NCCL or MPI) longer than this fails the job
   std::string comm = "auto";   // auto | nccl | mpi (auto: nccl when every rank has its own GPU)
   bool overwrite = false;      // a fresh run may replace <out>'s checkpoint and records

@@ -26,6 +26,17 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v);
 
+// --attention: which kernels torch's scaled_dot_product_attention may pick from on libtorch >= 2.2:
+// "auto" (all of them, torch's order), or only "flash", "cudnn", "efficient" or "math". On 1.13
+// the explicit computation is the only one: "auto" and "math" are accepted, the others throw.
+void set_attention_backend(const std::string& name);
+
+// The kernel causal_attention runs for [batch, heads, seq, head_dim] inputs of `dtype` on
+// `device` under the current choice: "flash", "cudnn", "efficient", "math", or "explicit"
+// (libtorch 1.13). Asks torch's own dispatcher (at::_fused_sdp_choice) with one sequence.
+std::string attention_backend(const torch::Device& device, torch::ScalarType dtype, int64_t heads,
+                              int64_t seq, int64_t head_dim, double dropout);
+
 // "major.minor.patch" of the torch we were compiled against.
 const char* torch_version();
 
@@ -94,6 +105,30 @@ class DeviceClock {
  private:
   struct Impl;
   Impl* impl_;
+};
+
+// ---- Profiler (src/core/compat_profiler.cpp) ----
+
+// libtorch's profiler (Kineto) over the operators and, on a GPU, every CUDA kernel between start()
+// and stop(), which writes a Chrome trace (chrome://tracing, Perfetto; analysis/kernel_table.py
+// turns it into a per-kernel table). One at a time per process.
+class Profiler {
+ public:
+  // Whether this libtorch has Kineto; require_available() throws the reason and the fix if not.
+  static bool available();
+  static void require_available();
+  explicit Profiler(const torch::Device& device);
+  ~Profiler();  // stops an unfinished profile without writing it
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+  void start();
+  // Synchronises the device, stops and writes the trace to `path` (throws if it could not).
+  void stop(const std::string& path);
+  bool running() const { return running_; }
+
+ private:
+  torch::Device device_;
+  bool running_ = false;
 };
 
 // ---- Optimizer (src/core/compat_device.cpp) ----

@@ -2,13 +2,17 @@
 //
 //   /steps    one row per optimizer step
 //     step, epoch, start, end          seconds since the run started (this rank's clock)
-//     data, forward, backward          phase times, seconds
+//     data, forward, backward          phase times, seconds (data: the host's time preparing the
+//                                      step's batch; dp_train prepares it during the previous
+//                                      step, behind that step's GPU work)
 //     sync_total, sync_exposed         gradient synchronisation: all of it, and the part not
 //                                      hidden behind backward (the time the step waited for it)
 //     optimizer                        clipping + optimizer step
 //     padded_tokens, target_tokens     this rank's tokens this step: batch*seq as HW5 counts, and
 //                                      the target (loss) tokens
 //     loss, lr
+//     flops, mfu                       this rank's model FLOPs in the step (model/flops.h), and
+//                                      flops / step time / the GPU's peak (NaN where unknown)
 //   /epochs   one row per epoch
 //     epoch, train_time, padded_tokens, tokens_per_sec (padded, HW5), target_tokens_per_sec,
 //     val_loss, val_ppl, bleu (NaN where not measured), peak_memory_bytes
@@ -47,6 +51,7 @@ struct StepRecord {
   double data = 0, forward = 0, backward = 0, sync_total = 0, sync_exposed = 0, optimizer = 0;
   long long padded_tokens = 0, target_tokens = 0;
   double loss = 0, lr = 0;
+  double flops = 0, mfu = 0;
 };
 
 struct EpochRecord {

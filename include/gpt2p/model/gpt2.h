@@ -85,6 +85,11 @@ class GPT2Impl : public torch::nn::Module {
   torch::Tensor loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
                      int64_t chunk_rows = kLossChunkRows);
 
+  // How loss() computes the head's softmax and cross-entropy (lm_head_loss.h); kReference
+  // until set.
+  void set_head_kernels(HeadKernels kernels) { head_kernels_ = kernels; }
+  HeadKernels head_kernels() const { return head_kernels_; }
+
   // GPT-2 init (normal 0.02; residual projections 0.02/sqrt(2*n_layer); zero biases; LayerNorm
   // 1/0; padded wte rows zero), each layer from its own generator seeded by (seed, layer index),
   // so a stage holds exactly the weights of the same layers of a full model with that seed.
@@ -125,6 +130,7 @@ class GPT2Impl : public torch::nn::Module {
  private:
   GPT2Config config_;
   LayerRange range_;
+  HeadKernels head_kernels_ = HeadKernels::kReference;
   torch::nn::Dropout drop_{nullptr};
   // With a sink: the lookup's only autograd input (no parameter; wte is read detached).
   std::shared_ptr<EmbeddingGradSink> sink_;

@@ -47,6 +47,14 @@ struct RunContext {
   }
   data::SpecialTokens special;
   model::GPT2Config model_config;
+  // How the head's loss runs (--kernels, resolved), the attention kernel that runs (--attention,
+  // as torch's dispatcher answers for this run's shapes), and one GPU's peak FLOP/s at
+  // --precision (0 on the CPU or an unknown GPU: no MFU).
+  model::HeadKernels head_kernels = model::HeadKernels::kReference;
+  std::string attention;
+  double peak_flops = 0;
+  // "kernels fused, attention flash": for the start-up line.
+  std::string describe_kernels() const;
 };
 
 // Resolves the config (device defaults, validation), checks --out and --resume, loads the

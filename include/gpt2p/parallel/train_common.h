@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "gpt2p/cli/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/io/run_record.h"
@@ -34,7 +36,7 @@ std::string format_eta(double seconds);
 
 // Rank 0's progress line: "epoch E/N step B/P loss L tok/s X (all ranks) eta ...".
 void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch, double loss,
-                    double tokens_per_sec, double eta_seconds);
+                    double tokens_per_sec, double mfu, double eta_seconds);
 
 // HW5's per-rank line: "Epoch {e} on Rank {r}: Training Time = {t}, Tokens_per_sec = {x}".
 void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens);
@@ -56,12 +58,35 @@ struct StepPlace {
   int log_every = 1;
   bool prints = false;         // rank 0 only
   double tokens_factor = 1.0;  // step tokens x this = tokens of all ranks
+  // MFU (model/flops.h): one GPU's peak FLOP/s (0: unknown, no MFU), the model FLOPs of the
+  // whole step over all ranks, and the ranks sharing it.
+  double peak_flops = 0;
+  double run_flops = 0;
+  int ranks = 1;
 };
 
-// What every loop does with a finished step: refuse a non-finite loss (with the fix), record the
-// row, add it to the epoch's totals, and print the progress line every log_every steps.
-void finish_step(io::RunRecorder& recorder, const io::StepRecord& rec, EpochTotals& totals,
+// What every loop does with a finished step: refuse a non-finite loss (with the fix), fill in the
+// row's MFU, record the row, add it to the epoch's totals, and print the progress line every
+// log_every steps.
+void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& totals,
                  const StepPlace& place);
+
+// --profile DIR: libtorch's profiler (compat::Profiler) over --profile-steps steps, after the
+// first kProfileSkip steps of this run (warm-up: allocator, cuBLAS heuristics, autotuning), each
+// rank writing DIR/trace_rank<r>.json. Does nothing without --profile.
+class StepProfiler {
+ public:
+  static constexpr int64_t kProfileSkip = 5;
+  StepProfiler(const cli::TrainConfig& cfg, const torch::Device& device, int rank,
+               int64_t first_step);
+  ~StepProfiler();
+  void before_step(int64_t step);
+  void after_step(int64_t step);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // After finish_step: counts the step, calls `save` every `save_every` steps (> 0), and returns true
 // when `max_steps` (> 0) is reached and the run must stop. `stopping` (a stop signal): returns

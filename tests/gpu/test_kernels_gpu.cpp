@@ -1,0 +1,224 @@
+// The project's CUDA kernels (src/kernels/) against the reference paths they replace: each kernel
+// alone, the fused LM head, and whole models (a full GPT-2 as dp_train runs it, and a pipeline's
+// last stage) with --kernels fused against --kernels reference. float32 must agree to float
+// rounding; bfloat16 within the stated tolerances (both paths round the logits to bf16, but the
+// fused one keeps the gradient GEMMs' sums in float32 where the reference rounds a chunk's
+// weight gradient to bf16 before adding it).
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "gpt2p/core/compat.h"
+#include "gpt2p/kernels/fused_head.h"
+#include "gpt2p/model/gpt2.h"
+#include "gpt2p/model/lm_head_loss.h"
+#include "support/small_model.h"
+
+namespace gpt2p {
+namespace {
+
+namespace F = torch::nn::functional;
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+// Largest |a - b| relative to the largest |b|.
+double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto a64 = a.to(torch::kCPU, torch::kFloat64), b64 = b.to(torch::kCPU, torch::kFloat64);
+  const double scale = std::max(b64.abs().max().item<double>(), 1e-30);
+  return (a64 - b64).abs().max().item<double>() / scale;
+}
+
+#define REQUIRE_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU"
+
+// The kernel's contract computed with ATen in float64: per-row weighted losses and the weighted
+// gradient (0 in padded columns).
+struct Expected {
+  torch::Tensor losses, grad;
+};
+Expected expected(const torch::Tensor& logits, const torch::Tensor& labels,
+                  const torch::Tensor& weights, int64_t vocab) {
+  const auto x = logits.to(torch::kFloat64).narrow(1, 0, vocab);
+  const auto logp = torch::log_softmax(x, 1);
+  const auto w = weights.to(torch::kFloat64);
+  Expected e;
+  e.losses = -logp.gather(1, labels.unsqueeze(1)).squeeze(1) * w;
+  auto g = logp.exp() - F::one_hot(labels, vocab).to(torch::kFloat64);
+  g = g * w.unsqueeze(1);
+  e.grad = torch::zeros(logits.sizes(), g.options());
+  e.grad.narrow(1, 0, vocab).copy_(g);
+  return e;
+}
+
+void check_kernel(torch::ScalarType type, int64_t rows, int64_t vocab, int64_t padded,
+                  double loss_tol, double grad_tol) {
+  torch::manual_seed(1);
+  const auto logits = (torch::randn({rows, padded}, torch::TensorOptions().device(kGpu)) * 3)
+                          .to(type);
+  const auto labels = torch::randint(0, vocab, {rows}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
+  auto weights = torch::rand({rows}, torch::TensorOptions().device(kGpu));
+  weights.index_put_({torch::arange(0, rows, 5, torch::TensorOptions().device(kGpu).dtype(torch::kLong))}, 0.0);
+  const auto want = expected(logits, labels, weights, vocab);
+  auto work = logits.clone();
+  const auto losses = kernels::softmax_cross_entropy_(work, labels, weights, vocab, /*grad=*/true);
+  EXPECT_LT(rel_diff(losses, want.losses), loss_tol) << type << " " << rows << "x" << padded;
+  EXPECT_LT(rel_diff(work, want.grad), grad_tol) << type << " " << rows << "x" << padded;
+  // Rows of weight 0 (every fifth) have a zero gradient and loss.
+  EXPECT_EQ(work[0].abs().max().item<double>(), 0.0);
+  EXPECT_EQ(losses[0].item<double>(), 0.0);
+  // Without grad the logits stay as they were.
+  auto untouched = logits.clone();
+  const auto again = kernels::softmax_cross_entropy_(untouched, labels, weights, vocab, false);
+  EXPECT_TRUE(untouched.equal(logits));
+  EXPECT_TRUE(again.equal(losses));
+}
+
+TEST(SoftmaxCrossEntropyKernel, Float32MatchesTheReferenceTightly) {
+  REQUIRE_GPU();
+  check_kernel(torch::kFloat32, 37, 1000, 1088, 1e-5, 1e-5);  // vectorised rows, padding
+  check_kernel(torch::kFloat32, 9, 1001, 1001, 1e-5, 1e-5);   // unaligned rows: scalar path
+  check_kernel(torch::kFloat32, 64, 50260, 50304, 1e-5, 1e-5);  // GPT-2's head
+}
+
+TEST(SoftmaxCrossEntropyKernel, BFloat16MatchesTheReferenceOfItsInputs) {
+  REQUIRE_GPU();
+  // The inputs are bf16, the arithmetic float32: only the gradient's bf16 rounding differs
+  // (8 bits of mantissa: 2^-8 of the largest entry).
+  check_kernel(torch::kBFloat16, 37, 1000, 1088, 1e-5, 4e-3);
+  check_kernel(torch::kBFloat16, 9, 1001, 1003, 1e-5, 4e-3);
+  check_kernel(torch::kBFloat16, 64, 50260, 50304, 1e-5, 4e-3);
+}
+
+TEST(SoftmaxCrossEntropyKernel, ALabelOutsideTheVocabularyGivesANaNLoss) {
+  REQUIRE_GPU();
+  auto logits = torch::randn({2, 64}, torch::TensorOptions().device(kGpu));
+  const auto labels = torch::tensor({3, 60}, torch::TensorOptions().dtype(torch::kLong)).to(kGpu);
+  const auto weights = torch::ones({2}, torch::TensorOptions().device(kGpu));
+  const auto losses = kernels::softmax_cross_entropy_(logits, labels, weights, 50, true);
+  EXPECT_TRUE(std::isfinite(losses[0].item<double>()));
+  EXPECT_TRUE(std::isnan(losses[1].item<double>()));
+}
+
+TEST(AddMatmulTn, AccumulatesInFloat32) {
+  REQUIRE_GPU();
+  torch::manual_seed(2);
+  for (auto type : {torch::kFloat32, torch::kBFloat16}) {
+    const auto opts = torch::TensorOptions().device(kGpu);
+    const auto a = torch::randn({300, 70}, opts).to(type), b = torch::randn({300, 40}, opts).to(type);
+    auto out = torch::randn({70, 40}, opts);
+    const auto want = out.to(torch::kFloat64) +
+                      a.to(torch::kFloat64).t().mm(b.to(torch::kFloat64));
+    compat::set_strict_fp32(true);
+    kernels::add_matmul_tn(out, a, b);
+    EXPECT_LT(rel_diff(out, want), 1e-5) << type;
+  }
+}
+
+// The whole head: linear_cross_entropy fused against reference.
+void check_head(torch::ScalarType compute, double loss_tol, double grad_tol) {
+  torch::manual_seed(3);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const int64_t n = 300, c = 64, vocab = 1000, padded = 1024;
+  const auto hidden0 = torch::randn({n, c}, opts), weight0 = torch::randn({padded, c}, opts) * 0.1;
+  const auto labels = torch::randint(0, vocab, {n}, opts.dtype(torch::kLong));
+  const auto weights = torch::rand({n}, opts) / n;
+  compat::set_strict_fp32(true);
+  torch::Tensor loss[2], gh[2], gw[2];
+  int i = 0;
+  for (auto k : {model::HeadKernels::kReference, model::HeadKernels::kFused}) {
+    auto h = hidden0.clone().requires_grad_(true), w = weight0.clone().requires_grad_(true);
+    loss[i] = model::linear_cross_entropy(h, w, labels, weights, vocab, compute, 128, k);
+    (loss[i] * 1.5).backward();
+    gh[i] = h.grad();
+    gw[i] = w.grad();
+    ++i;
+  }
+  EXPECT_LT(rel_diff(loss[1], loss[0]), loss_tol) << compute;
+  EXPECT_LT(rel_diff(gh[1], gh[0]), grad_tol) << compute;
+  EXPECT_LT(rel_diff(gw[1], gw[0]), grad_tol) << compute;
+  EXPECT_EQ(gw[1].narrow(0, vocab, padded - vocab).abs().max().item<double>(), 0.0);
+}
+
+TEST(FusedHead, Float32EqualsTheReference) {
+  REQUIRE_GPU();
+  check_head(torch::kFloat32, 1e-6, 1e-5);
+}
+
+TEST(FusedHead, BFloat16EqualsTheReferenceWithinBf16Rounding) {
+  REQUIRE_GPU();
+  check_head(torch::kBFloat16, 1e-3, 2e-2);
+}
+
+// A model's loss and every parameter's gradient, fused against reference: the full model (as
+// dp_train runs it) and the last stage of a pipeline (hidden states in, the head out).
+void check_model(model::LayerRange range, bool bf16, double loss_tol, double grad_tol) {
+  const auto config = testing::small_model(2, 1000, 64, 2, 32);
+  torch::manual_seed(4);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const bool first = range.begin == 0;
+  const auto input = first ? torch::randint(0, 1000, {4, 32}, opts.dtype(torch::kLong))
+                           : torch::randn({4, 32, 64}, opts);
+  const auto labels = torch::randint(0, 1000, {4, 32}, torch::kLong).to(kGpu);
+  const auto mask = (torch::rand({4, 32}) < 0.5).to(torch::kFloat32);
+  const int64_t targets = mask.sum().item<int64_t>();
+  compat::set_strict_fp32(true);
+  for (auto positions : {model::LossPositions::kTargets, model::LossPositions::kAll}) {
+    const auto rows = model::loss_rows(labels, mask, 1, 1.0 / static_cast<double>(targets), positions);
+    model::GPT2 ref(config, range), fused(config, range);
+    ref->reset_parameters(7);
+    fused->reset_parameters(7);
+    ref->to(kGpu);
+    fused->to(kGpu);
+    fused->set_head_kernels(model::HeadKernels::kFused);
+    torch::Tensor loss[2];
+    int i = 0;
+    for (auto* m : {&ref, &fused}) {
+      {
+        compat::AutocastGuard autocast(kGpu, bf16);
+        loss[i] = (*m)->loss(input, rows[0], bf16);
+      }
+      loss[i].backward();
+      ++i;
+    }
+    EXPECT_LT(rel_diff(loss[1], loss[0]), loss_tol) << to_string(positions);
+    const auto pr = ref->named_parameters(), pf = fused->named_parameters();
+    for (const auto& item : pr) {
+      EXPECT_LT(rel_diff(pf[item.key()].grad(), item.value().grad()), grad_tol)
+          << item.key() << " " << to_string(positions) << (bf16 ? " bf16" : " fp32");
+    }
+  }
+}
+
+TEST(FusedHeadModel, FullModelFloat32) {
+  REQUIRE_GPU();
+  check_model({0, -1}, false, 1e-6, 1e-4);
+}
+
+TEST(FusedHeadModel, FullModelBFloat16) {
+  REQUIRE_GPU();
+  check_model({0, -1}, true, 2e-3, 5e-2);
+}
+
+TEST(FusedHeadModel, LastPipelineStageFloat32) {
+  REQUIRE_GPU();
+  check_model({2, -1}, false, 1e-6, 1e-4);
+}
+
+TEST(FusedHeadModel, LastPipelineStageBFloat16) {
+  REQUIRE_GPU();
+  check_model({2, -1}, true, 2e-3, 5e-2);
+}
+
+TEST(AttentionBackend, NamesTheKernelThatRuns) {
+  REQUIRE_GPU();
+  compat::set_attention_backend("math");
+  EXPECT_EQ(compat::attention_backend(kGpu, torch::kBFloat16, 12, 1024, 64, 0.0), "math");
+  compat::set_attention_backend("auto");
+  const auto chosen = compat::attention_backend(kGpu, torch::kBFloat16, 12, 1024, 64, 0.0);
+  EXPECT_TRUE(chosen == "flash" || chosen == "cudnn" || chosen == "efficient") << chosen;
+}
+
+}  // namespace
+}  // namespace gpt2p
