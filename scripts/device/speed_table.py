@@ -26,7 +26,7 @@ def our_row(run_dir, skip):
         if len(step) == 0:
             return None
         tokens = float(st["padded_tokens"][0])
-        mfu = np.asarray(st["mfu"][:])[skip:] if "mfu" in st.dtype.names else np.array([np.nan])
+        mfu = np.asarray(st["mfu"][:])[skip:] if "mfu" in st else np.array([np.nan])
         peak = float(f.attrs.get("peak_memory_bytes", np.nan))
         med = float(np.median(step))
         return dict(step_ms=1e3 * med, tok_s=tokens / med, mfu=float(np.median(mfu)),

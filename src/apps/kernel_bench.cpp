@@ -95,7 +95,7 @@ int run(int64_t rows) {
     const auto weight = (torch::randn({padded, c}, opts) * 0.02).requires_grad_(true);
     const auto all_labels = torch::randint(0, vocab, {rows}, opts.dtype(torch::kLong));
     const auto all_weights = torch::full({rows}, 1.0 / static_cast<double>(rows), opts);
-    auto head = [&](model::HeadKernels k) {
+    auto head = [&](model::Kernels k) {
       return [&, k] {
         auto loss = model::linear_cross_entropy(hidden, weight, all_labels, all_weights, vocab,
                                                 type, model::kLossChunkRows, k);
@@ -105,7 +105,7 @@ int run(int64_t rows) {
       };
     };
     line(("LM head fwd + bwd, " + std::to_string(rows) + " positions").c_str(), name,
-         time_ms(head(model::HeadKernels::kReference)), time_ms(head(model::HeadKernels::kFused)));
+         time_ms(head(model::Kernels::kReference)), time_ms(head(model::Kernels::kFused)));
   }
   return 0;
 }

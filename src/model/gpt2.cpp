@@ -4,6 +4,10 @@
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
+#if GPT2P_WITH_CUDA
+#include "gpt2p/kernels/fused_linear.h"
+#include "gpt2p/kernels/fused_norm.h"
+#endif
 
 namespace gpt2p::model {
 
@@ -25,23 +29,32 @@ namespace {
 // separate pass over the output. ATen's linear folds it into one GEMM with the bias in its
 // epilogue, as PyTorch's Python does. On one H200 the separate pass cost 5.5 ms of a 17.4 ms
 // forward at 16 x 1024 tokens in bf16 (results/2026-12-01-h200-session7/).
+// With Kernels::kFused on a GPU under bf16 autocast, kernels::linear: the same forward, and the
+// weight and bias gradients from one GEMM in backward.
 torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x,
-                           const std::shared_ptr<WeightGradStore>& store) {
-  return store ? deferred_linear(x, layer->weight, layer->bias, store)
-               : torch::linear(x, layer->weight, layer->bias);
+                           const std::shared_ptr<WeightGradStore>& store, Kernels path) {
+  if (store) return deferred_linear(x, layer->weight, layer->bias, store);
+#if GPT2P_WITH_CUDA
+  if (path == Kernels::kFused && x.is_cuda() && compat::autocast_enabled(x.device())) {
+    return kernels::linear(x, layer->weight, layer->bias);
+  }
+#else
+  (void)path;
+#endif
+  return torch::linear(x, layer->weight, layer->bias);
 }
 }  // namespace
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  auto qkv = apply_linear(c_attn, x, weight_grads).split(c, /*dim=*/2);
+  auto qkv = apply_linear(c_attn, x, weight_grads, kernels).split(c, /*dim=*/2);
   auto heads = [&](const torch::Tensor& y) {
     return y.view({b, t, n_head_, c / n_head_}).transpose(1, 2);  // [B,H,T,D]
   };
   auto y = compat::causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout_,
                                     is_training());
   y = y.transpose(1, 2).contiguous().view({b, t, c});
-  return resid_dropout_(apply_linear(c_proj, y, weight_grads));
+  return resid_dropout_(apply_linear(c_proj, y, weight_grads, kernels));
 }
 
 MLPImpl::MLPImpl(const GPT2Config& config) {
@@ -52,7 +65,8 @@ MLPImpl::MLPImpl(const GPT2Config& config) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return dropout_(apply_linear(
-      c_proj, torch::gelu(apply_linear(c_fc, x, weight_grads), "tanh"), weight_grads));
+      c_proj, torch::gelu(apply_linear(c_fc, x, weight_grads, kernels), "tanh"), weight_grads,
+      kernels));
 }
 
 BlockImpl::BlockImpl(const GPT2Config& config) {
@@ -67,6 +81,32 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto y = x + attn(ln_1(x));
   return y + mlp(ln_2(y));
 }
+
+#if GPT2P_WITH_CUDA
+namespace {
+std::vector<torch::Tensor> add_norm(const torch::Tensor& residual, const torch::Tensor& delta,
+                                    const torch::nn::LayerNorm& ln, torch::ScalarType out_type) {
+  return kernels::add_layer_norm(residual, delta, ln->weight, ln->bias, ln->options.eps(),
+                                 out_type);
+}
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_fused(const torch::Tensor& residual,
+                                                                 const torch::Tensor& delta,
+                                                                 torch::ScalarType out_type) {
+  const auto first = add_norm(residual, delta, ln_1, out_type);   // {x, ln_1(x)}
+  const auto second = add_norm(first[0], attn(first[1]), ln_2, out_type);  // {y, ln_2(y)}
+  return {second[0], mlp(second[1])};
+}
+#else
+std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_fused(const torch::Tensor&,
+                                                                 const torch::Tensor&,
+                                                                 torch::ScalarType) {
+  GPT2P_FAIL("the fused LayerNorm kernels are not in this build (its Torch has no CUDA)",
+             "pass --kernels reference");
+  return {};
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // GPT2
@@ -151,6 +191,16 @@ void GPT2Impl::set_embedding_grad_sink(EmbeddingGradSink sink) {
   sink_anchor_ = torch::zeros({0}, wte->weight.options()).requires_grad_(true);
 }
 
+void GPT2Impl::set_kernels(Kernels kernels) {
+  kernels_ = kernels;
+  if (!h) return;
+  for (const auto& block : h->values()) {
+    auto* b = block->as<BlockImpl>();
+    b->attn->kernels = kernels;
+    b->mlp->kernels = kernels;
+  }
+}
+
 void GPT2Impl::set_weight_grad_store(std::shared_ptr<WeightGradStore> store) {
   if (!h) return;
   for (const auto& block : h->values()) {
@@ -175,7 +225,7 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows, bool 
   const auto flat = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows.index);
   return linear_cross_entropy(flat, wte->weight, rows.labels, rows.weights, config_.vocab_size,
                               bf16 ? torch::kBFloat16 : wte->weight.scalar_type(), chunk_rows,
-                              head_kernels_);
+                              kernels_);
 }
 
 torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
@@ -202,10 +252,29 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
                 "feed it the output of the previous stage");
     hidden = x;
   }
-  if (h) {
-    for (const auto& block : h->values()) hidden = block->as<BlockImpl>()->forward(hidden);
+  const bool fused = kernels_ == Kernels::kFused && hidden.is_cuda();
+  if (!fused) {
+    if (h) {
+      for (const auto& block : h->values()) hidden = block->as<BlockImpl>()->forward(hidden);
+    }
+    return has_head() ? ln_f(hidden) : hidden;
   }
-  return has_head() ? ln_f(hidden) : hidden;
+  // The residual stream stays float32; each residual add happens inside the next LayerNorm.
+  const auto out_type =
+      compat::autocast_enabled(hidden.device()) ? torch::kBFloat16 : hidden.scalar_type();
+  torch::Tensor residual = hidden.to(torch::kFloat32), delta;
+  if (h) {
+    for (const auto& block : h->values()) {
+      std::tie(residual, delta) = block->as<BlockImpl>()->forward_fused(residual, delta, out_type);
+    }
+  }
+  if (has_head()) {
+#if GPT2P_WITH_CUDA
+    return kernels::add_layer_norm(residual, delta, ln_f->weight, ln_f->bias, ln_f->options.eps(),
+                                   out_type)[1];
+#endif
+  }
+  return delta.defined() ? residual + delta : residual;
 }
 
 namespace {

@@ -21,33 +21,6 @@ const char* to_string(LossPositions positions) {
   return positions == LossPositions::kTargets ? "targets" : "all";
 }
 
-bool fused_kernels_built() {
-#if GPT2P_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-HeadKernels parse_head_kernels(const std::string& name, bool cuda_device) {
-  if (name == "reference") return HeadKernels::kReference;
-  if (name == "auto") {
-    return fused_kernels_built() && cuda_device ? HeadKernels::kFused : HeadKernels::kReference;
-  }
-  GPT2P_CHECK(name == "fused", "--kernels " << name << " is not known",
-              "pass --kernels auto, fused or reference");
-  GPT2P_CHECK(fused_kernels_built(),
-              "--kernels fused: this build has no CUDA kernels (its Torch has no CUDA)",
-              "build against a CUDA libtorch, or pass --kernels reference");
-  GPT2P_CHECK(cuda_device, "--kernels fused runs on CUDA devices only",
-              "pass --device cuda, or --kernels reference (or auto) on the CPU");
-  return HeadKernels::kFused;
-}
-
-const char* to_string(HeadKernels kernels) {
-  return kernels == HeadKernels::kFused ? "fused" : "reference";
-}
-
 std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor& mask, int parts,
                                 double scale, LossPositions positions) {
   GPT2P_CHECK(labels.dim() == 2 && mask.sizes() == labels.sizes(),
@@ -189,13 +162,13 @@ HeadResult head_fused(const torch::Tensor& hidden, const torch::Tensor& weight,
 HeadResult head_forward(const torch::Tensor& hidden, const torch::Tensor& weight,
                         const torch::Tensor& labels, const torch::Tensor& weights,
                         int64_t vocab_size, torch::ScalarType compute, int64_t chunk_rows,
-                        bool grads, HeadKernels kernels) {
+                        bool grads, Kernels kernels) {
 #if GPT2P_WITH_CUDA
-  if (kernels == HeadKernels::kFused) {
+  if (kernels == Kernels::kFused) {
     return head_fused(hidden, weight, labels, weights, vocab_size, compute, chunk_rows, grads);
   }
 #else
-  GPT2P_CHECK(kernels == HeadKernels::kReference,
+  GPT2P_CHECK(kernels == Kernels::kReference,
               "the fused LM head is not in this build (its Torch has no CUDA)",
               "pass --kernels reference");
 #endif
@@ -208,7 +181,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
                                const torch::Tensor& weight, const torch::Tensor& labels,
                                const torch::Tensor& weights, int64_t vocab_size,
                                torch::ScalarType compute, int64_t chunk_rows,
-                               HeadKernels kernels) {
+                               Kernels kernels) {
     auto r = head_forward(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
                           /*grads=*/true, kernels);
     ctx->save_for_backward({r.grad_hidden, r.grad_weight});
@@ -230,7 +203,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, const torch::Tensor& weights,
                                    int64_t vocab_size, torch::ScalarType compute,
-                                   int64_t chunk_rows, HeadKernels kernels) {
+                                   int64_t chunk_rows, Kernels kernels) {
   GPT2P_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "linear_cross_entropy: hidden " << hidden.sizes() << " and weight " << weight.sizes()
                                               << " are not [n, C] and [V, C]",

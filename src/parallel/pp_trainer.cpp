@@ -206,7 +206,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
     }
     model->to(ctx.device);
-    model->set_head_kernels(ctx.head_kernels);
+    model->set_kernels(ctx.kernels);
     optimizers.push_back(std::make_unique<compat::FusedAdamW>(
         model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
     my_stages.push_back(s);

@@ -109,7 +109,7 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   const Placement placement = place_rank(cfg, topo, timeout);
   RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
                  nullptr,        nullptr, std::move(*tokenizer),      special, {},
-                 model::HeadKernels::kReference, {}, 0.0};
+                 model::Kernels::kReference, {}, 0.0};
   comm::CommOptions copts;
   copts.timeout = timeout;
   copts.backend = placement.backend;
@@ -140,7 +140,7 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   control.timeout = timeout;
   ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
-  ctx.head_kernels = model::parse_head_kernels(ctx.cfg.kernels, ctx.device.is_cuda());
+  ctx.kernels = model::parse_kernels(ctx.cfg.kernels, ctx.device.is_cuda());
   const auto& mc = ctx.model_config;
   ctx.attention = compat::attention_backend(
       ctx.device, ctx.cfg.precision == "bf16" && ctx.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32,
@@ -152,7 +152,7 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
 }
 
 std::string RunContext::describe_kernels() const {
-  return std::string("kernels ") + model::to_string(head_kernels) + ", attention " + attention;
+  return std::string("kernels ") + model::to_string(kernels) + ", attention " + attention;
 }
 
 void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data) {

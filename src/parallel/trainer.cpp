@@ -62,7 +62,7 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
     cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
   }
   model->to(ctx.device);
-  model->set_head_kernels(ctx.head_kernels);
+  model->set_kernels(ctx.kernels);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
   auto params = model->parameters();
   compat::FusedAdamW optimizer(params,

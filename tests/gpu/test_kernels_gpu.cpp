@@ -12,6 +12,7 @@
 
 #include "gpt2p/core/compat.h"
 #include "gpt2p/kernels/fused_head.h"
+#include "gpt2p/kernels/fused_linear.h"
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/model/lm_head_loss.h"
 #include "support/small_model.h"
@@ -116,6 +117,64 @@ TEST(AddMatmulTn, AccumulatesInFloat32) {
   }
 }
 
+TEST(LinearWeightGrads, OneGemmGivesTheWeightAndBiasGradients) {
+  REQUIRE_GPU();
+  torch::manual_seed(5);
+  compat::set_strict_fp32(true);
+  for (auto type : {torch::kFloat32, torch::kBFloat16}) {
+    const auto opts = torch::TensorOptions().device(kGpu);
+    const auto dy = torch::randn({1000, 96}, opts).to(type), x = torch::randn({1000, 80}, opts).to(type);
+    torch::Tensor dw, db;
+    ASSERT_TRUE(kernels::linear_weight_grads(dy, x, dw, db)) << "cuBLASLt has no algorithm";
+    const auto dy64 = dy.to(torch::kFloat64), x64 = x.to(torch::kFloat64);
+    EXPECT_EQ(dw.scalar_type(), torch::kFloat32);
+    EXPECT_LT(rel_diff(dw, dy64.t().mm(x64)), 1e-5) << type;
+    EXPECT_LT(rel_diff(db, dy64.sum(0)), 1e-5) << type;
+  }
+}
+
+// kernels::linear against torch::linear under autocast (bf16) and without (fp32): output and
+// every gradient.
+void check_linear(bool bf16, double tol) {
+  torch::manual_seed(6);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const auto x0 = torch::randn({4, 50, 64}, opts), w0 = torch::randn({192, 64}, opts) * 0.1,
+             b0 = torch::randn({192}, opts);
+  const auto up = torch::randn({4, 50, 192}, opts);
+  compat::set_strict_fp32(true);
+  torch::Tensor y[2], gx[2], gw[2], gb[2];
+  for (int i = 0; i < 2; ++i) {
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+         b = b0.clone().requires_grad_(true);
+    {
+      compat::AutocastGuard autocast(kGpu, bf16);
+      y[i] = i == 0 ? torch::linear(x, w, b) : kernels::linear(x, w, b);
+    }
+    (y[i].to(torch::kFloat32) * up).sum().backward();
+    gx[i] = x.grad();
+    gw[i] = w.grad();
+    gb[i] = b.grad();
+  }
+  EXPECT_EQ(y[1].scalar_type(), y[0].scalar_type());
+  EXPECT_LT(rel_diff(y[1], y[0]), tol);
+  EXPECT_LT(rel_diff(gx[1], gx[0]), tol);
+  EXPECT_LT(rel_diff(gw[1], gw[0]), tol);
+  EXPECT_LT(rel_diff(gb[1], gb[0]), tol);
+  EXPECT_EQ(gw[1].scalar_type(), torch::kFloat32);
+}
+
+TEST(FusedLinear, Float32EqualsTorchLinear) {
+  REQUIRE_GPU();
+  check_linear(false, 1e-5);
+}
+
+TEST(FusedLinear, BFloat16EqualsTorchLinearWithinBf16Rounding) {
+  REQUIRE_GPU();
+  // Both compute in bf16 with float32 accumulation; the reference rounds its weight and bias
+  // gradients to bf16 before casting them to float32.
+  check_linear(true, 1e-2);
+}
+
 // The whole head: linear_cross_entropy fused against reference.
 void check_head(torch::ScalarType compute, double loss_tol, double grad_tol) {
   torch::manual_seed(3);
@@ -127,7 +186,7 @@ void check_head(torch::ScalarType compute, double loss_tol, double grad_tol) {
   compat::set_strict_fp32(true);
   torch::Tensor loss[2], gh[2], gw[2];
   int i = 0;
-  for (auto k : {model::HeadKernels::kReference, model::HeadKernels::kFused}) {
+  for (auto k : {model::Kernels::kReference, model::Kernels::kFused}) {
     auto h = hidden0.clone().requires_grad_(true), w = weight0.clone().requires_grad_(true);
     loss[i] = model::linear_cross_entropy(h, w, labels, weights, vocab, compute, 128, k);
     (loss[i] * 1.5).backward();
@@ -171,7 +230,7 @@ void check_model(model::LayerRange range, bool bf16, double loss_tol, double gra
     fused->reset_parameters(7);
     ref->to(kGpu);
     fused->to(kGpu);
-    fused->set_head_kernels(model::HeadKernels::kFused);
+    fused->set_kernels(model::Kernels::kFused);
     torch::Tensor loss[2];
     int i = 0;
     for (auto* m : {&ref, &fused}) {
@@ -209,6 +268,52 @@ TEST(FusedHeadModel, LastPipelineStageFloat32) {
 TEST(FusedHeadModel, LastPipelineStageBFloat16) {
   REQUIRE_GPU();
   check_model({2, -1}, true, 2e-3, 5e-2);
+}
+
+// A middle pipeline stage (hidden states in and out, no embedding, no head): its output and
+// gradients, fused against reference.
+void check_middle_stage(bool bf16, double tol) {
+  const auto config = testing::small_model(3, 1000, 64, 2, 32);
+  torch::manual_seed(9);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const auto input = torch::randn({4, 32, 64}, opts);
+  const auto up = torch::randn({4, 32, 64}, opts);
+  compat::set_strict_fp32(true);
+  model::GPT2 ref(config, model::LayerRange{1, 3}), fused(config, model::LayerRange{1, 3});
+  ref->reset_parameters(7);
+  fused->reset_parameters(7);
+  ref->to(kGpu);
+  fused->to(kGpu);
+  fused->set_kernels(model::Kernels::kFused);
+  torch::Tensor out[2], gin[2];
+  int i = 0;
+  for (auto* m : {&ref, &fused}) {
+    auto x = input.clone().requires_grad_(true);
+    {
+      compat::AutocastGuard autocast(kGpu, bf16);
+      out[i] = (*m)->forward(x);
+    }
+    (out[i].to(torch::kFloat32) * up).sum().backward();
+    gin[i] = x.grad();
+    ++i;
+  }
+  EXPECT_EQ(out[1].scalar_type(), out[0].scalar_type());
+  EXPECT_LT(rel_diff(out[1], out[0]), tol);
+  EXPECT_LT(rel_diff(gin[1], gin[0]), tol);
+  const auto pr = ref->named_parameters(), pf = fused->named_parameters();
+  for (const auto& item : pr) {
+    EXPECT_LT(rel_diff(pf[item.key()].grad(), item.value().grad()), 10 * tol) << item.key();
+  }
+}
+
+TEST(FusedHeadModel, MiddlePipelineStageFloat32) {
+  REQUIRE_GPU();
+  check_middle_stage(false, 1e-5);
+}
+
+TEST(FusedHeadModel, MiddlePipelineStageBFloat16) {
+  REQUIRE_GPU();
+  check_middle_stage(true, 2e-2);
 }
 
 TEST(AttentionBackend, NamesTheKernelThatRuns) {

@@ -35,6 +35,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
+  Kernels kernels = Kernels::kReference;          // kFused: kernels::linear under bf16 autocast
 
  private:
   int64_t n_head_;
@@ -50,6 +51,7 @@ class MLPImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
+  Kernels kernels = Kernels::kReference;          // kFused: kernels::linear under bf16 autocast
 
  private:
   torch::nn::Dropout dropout_{nullptr};
@@ -61,6 +63,14 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPT2Config& config);
   torch::Tensor forward(const torch::Tensor& x);
+
+  // The same block with every residual add inside a LayerNorm kernel (kernels/fused_norm.h;
+  // CUDA): the block's input is residual + delta (delta undefined: residual alone), and it
+  // returns the next (residual, delta) pair, whose sum is forward()'s output. The LayerNorms'
+  // outputs are out_type (bf16 under autocast, what the linear layers take).
+  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& residual,
+                                                        const torch::Tensor& delta,
+                                                        torch::ScalarType out_type);
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -85,10 +95,11 @@ class GPT2Impl : public torch::nn::Module {
   torch::Tensor loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
                      int64_t chunk_rows = kLossChunkRows);
 
-  // How loss() computes the head's softmax and cross-entropy (lm_head_loss.h); kReference
-  // until set.
-  void set_head_kernels(HeadKernels kernels) { head_kernels_ = kernels; }
-  HeadKernels head_kernels() const { return head_kernels_; }
+  // How the model runs the operations that have CUDA kernels (kernels.h): the head's softmax
+  // and cross-entropy in loss(), the blocks' linear layers under bf16 autocast (their weight and
+  // bias gradients in one GEMM, kernels/fused_linear.h). kReference until set.
+  void set_kernels(Kernels kernels);
+  Kernels kernels() const { return kernels_; }
 
   // GPT-2 init (normal 0.02; residual projections 0.02/sqrt(2*n_layer); zero biases; LayerNorm
   // 1/0; padded wte rows zero), each layer from its own generator seeded by (seed, layer index),
@@ -130,7 +141,7 @@ class GPT2Impl : public torch::nn::Module {
  private:
   GPT2Config config_;
   LayerRange range_;
-  HeadKernels head_kernels_ = HeadKernels::kReference;
+  Kernels kernels_ = Kernels::kReference;
   torch::nn::Dropout drop_{nullptr};
   // With a sink: the lookup's only autograd input (no parameter; wte is read detached).
   std::shared_ptr<EmbeddingGradSink> sink_;

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "gpt2p/model/kernels.h"
+
 namespace gpt2p::model {
 
 // Which positions the head is computed for. kTargets: only where the loss mask is non-zero (the
@@ -42,23 +44,13 @@ struct LossRows {
 std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor& mask, int parts,
                                 double scale, LossPositions positions);
 
-// Which implementation computes the head's softmax, cross-entropy and gradient.
-//   kReference: ATen operations (log_softmax, exp, scatter) over each chunk; any device.
-//   kFused: src/kernels/ -- one kernel turns a chunk's logits into their gradient in place
-//     (kernels/cross_entropy.h), and the weight gradient accumulates in float32 inside the
-//     GEMM (kernels/fused_head.h). CUDA tensors in a CUDA build only.
-// Both give the same loss and gradients up to rounding (tests/gpu/test_kernels_gpu.cpp).
-enum class HeadKernels { kReference, kFused };
-// Whether this build has the fused kernels (Torch with CUDA).
-bool fused_kernels_built();
-// --kernels: "reference", "fused", or "auto" (fused where built and on a CUDA device). A fused
-// request that cannot run fails with the reason and the fix.
-HeadKernels parse_head_kernels(const std::string& name, bool cuda_device);
-const char* to_string(HeadKernels kernels);
-
 // Rows per chunk of linear_cross_entropy by default: 4096 x 50304 logits are 0.4 GB in bf16.
 inline constexpr int64_t kLossChunkRows = 4096;
 
+// With Kernels::kFused, one kernel turns a chunk's logits into their gradient in place
+// (kernels/cross_entropy.h) and the weight gradient accumulates in float32 inside the GEMM
+// (kernels/fused_head.h); kReference uses ATen ops (log_softmax, exp, scatter) over each chunk.
+//
 // sum_i weights[i] * CE(hidden[i] . weight[:vocab_size]^T, labels[i]) for hidden [n, C] and
 // weight [V' >= vocab_size, C] (columns past vocab_size never count). Computed in `compute`
 // (float32 or bfloat16) with the softmax in float32. kFused needs CUDA tensors. Differentiable in hidden and weight when grad
@@ -67,6 +59,6 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Ten
                                    const torch::Tensor& labels, const torch::Tensor& weights,
                                    int64_t vocab_size, torch::ScalarType compute,
                                    int64_t chunk_rows = kLossChunkRows,
-                                   HeadKernels kernels = HeadKernels::kReference);
+                                   Kernels kernels = Kernels::kReference);
 
 }  // namespace gpt2p::model

@@ -50,7 +50,7 @@ struct RunContext {
   // How the head's loss runs (--kernels, resolved), the attention kernel that runs (--attention,
   // as torch's dispatcher answers for this run's shapes), and one GPU's peak FLOP/s at
   // --precision (0 on the CPU or an unknown GPU: no MFU).
-  model::HeadKernels head_kernels = model::HeadKernels::kReference;
+  model::Kernels kernels = model::Kernels::kReference;
   std::string attention;
   double peak_flops = 0;
   // "kernels fused, attention flash": for the start-up line.
