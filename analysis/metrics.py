@@ -14,11 +14,11 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from analysis import reader
 from analysis.reader import Run, schedule_name, warn
 
 PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer")
-OP_NAMES = {0: "forward", 1: "backward", 2: "send activation", 3: "recv activation",
-            4: "send grad", 5: "recv grad", 6: "optimizer", 7: "weight grad (zero bubble)"}
+OP_NAMES = reader.OP_NAMES
 COMPUTE_OPS = (0, 1, 7)  # F, B and W (the deferred half of a split backward)
 
 

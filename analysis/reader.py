@@ -25,6 +25,11 @@ SEGMENTS = "segments"
 KEYS = {"steps": "step", "epochs": "epoch", "actions": "step"}
 TIMED = ("steps", "actions")
 RANK_FILE = re.compile(r"^rank(\d+)\.h5(\.partial)?$")
+# The /actions op codes the analysis uses (io::ActionOp, include/gpt2p/io/action_ops.h). A file's
+# "action_ops" attribute names the codes it was written with; its codes are translated to these by
+# name, so the two never silently disagree. Files from before the attribute use these codes.
+OP_NAMES = {0: "forward", 1: "backward", 2: "send activation", 3: "recv activation",
+            4: "send grad", 5: "recv grad", 6: "optimizer", 7: "weight grad"}
 
 
 def schedule_name(schedule: str, stages_per_rank: int = 1, zero_bubble: bool = False,
@@ -209,9 +214,27 @@ def read_rank_file(path: Path) -> RankFile:
     if rank != int(m.group(1)):
         raise RunError(f"{path}: file name says rank {m.group(1)} but attribute rank is {rank}; "
                        "files from different runs were mixed in one directory")
+    if "actions" in tables and "action_ops" in attrs:
+        tables["actions"]["op"] = _canonical_ops(path, tables["actions"]["op"], attrs["action_ops"])
     segments = tables.pop(SEGMENTS, {})
     tables = merge_segments(tables, segments)
     return RankFile(path, rank, partial, attrs, config, tables, max(1, _rows(segments)))
+
+
+def _canonical_ops(path, ops, table_json):
+    try:
+        table = {int(k): str(v) for k, v in json.loads(table_json).items()}
+    except (ValueError, AttributeError) as e:
+        raise RunError(f"{path}: root attribute 'action_ops' is not a JSON table of op codes ({e})") from e
+    by_name = {name: code for code, name in OP_NAMES.items()}
+    unknown = sorted({name for name in table.values() if name not in by_name})
+    if unknown:
+        raise RunError(f"{path}: action op(s) {', '.join(unknown)} unknown to this analysis; "
+                       "update analysis/reader.py's OP_NAMES from include/gpt2p/io/action_ops.h")
+    out = np.array(ops, dtype=np.float64)
+    for code, name in table.items():
+        out[ops == code] = by_name[name]
+    return out
 
 
 def read_run(directory) -> Run:

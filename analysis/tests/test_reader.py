@@ -71,3 +71,41 @@ def test_mixed_runs_are_detected(fixtures, tmp_path):
 def test_find_runs_below_a_parent(fixtures):
     names = [p.name for p in find_runs(fixtures)]
     assert {"dp1", "dp2", "dp2_partial", "pp_mp", "pp_1f1b_m4"} <= set(names)
+
+
+def with_op_table(fixtures, tmp_path, table):
+    """pp_1f1b_m4's rank files with an action_ops attribute (and codes) from `table`."""
+    import json
+
+    import h5py
+    import numpy as np
+
+    src = fixtures / "pp_1f1b_m4"
+    for p in src.glob("rank*.h5"):
+        shutil.copy(p, tmp_path / p.name)
+        with h5py.File(tmp_path / p.name, "r+") as f:
+            names = {0: "forward", 1: "backward", 2: "send activation", 3: "recv activation",
+                     4: "send grad", 5: "recv grad", 6: "optimizer", 7: "weight grad"}
+            by_name = {v: int(k) for k, v in table.items()}
+            ops = f["actions"]["op"][...]
+            f["actions"]["op"][...] = np.array([by_name.get(names[int(o)], 99) for o in ops], dtype=ops.dtype)
+            f.attrs["action_ops"] = json.dumps(table)
+    return tmp_path
+
+
+def test_op_codes_are_read_by_name_from_the_file(fixtures, tmp_path):
+    plain = read_run(fixtures / "pp_1f1b_m4")
+    # The same run written with other codes for the same ops reads back the same.
+    shifted = {str(10 + c): n for c, n in [(0, "forward"), (1, "backward"), (2, "send activation"),
+                                            (3, "recv activation"), (4, "send grad"), (5, "recv grad"),
+                                            (6, "optimizer"), (7, "weight grad")]}
+    run = read_run(with_op_table(fixtures, tmp_path, shifted))
+    for a, b in zip(plain.ranks, run.ranks):
+        assert (a.table("actions")["op"] == b.table("actions")["op"]).all()
+
+
+def test_an_op_the_analysis_does_not_know_is_refused(fixtures, tmp_path):
+    table = {"0": "forward", "1": "backward", "2": "send activation", "3": "recv activation",
+             "4": "send grad", "5": "recv grad", "6": "optimizer", "7": "teleport"}
+    with pytest.raises(RunError, match="teleport unknown to this analysis"):
+        read_run(with_op_table(fixtures, tmp_path, table))

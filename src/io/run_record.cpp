@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/action_ops.h"
 #include "gpt2p/io/run_info.h"
 
 namespace gpt2p::io {
@@ -28,6 +29,7 @@ RunRecorder::RunRecorder(const std::string& out_dir, const RunIdentity& id, Reco
   const auto versions = library_versions();
   writer_.set_attribute("git_commit", versions["git_commit"].get<std::string>());
   writer_.set_attribute("versions", versions.dump());
+  writer_.set_attribute("action_ops", action_ops_json());
   if (!writer_.continued() || !writer_.attribute("started")) {
     writer_.set_attribute("started", utc_timestamp());
   }

@@ -164,7 +164,6 @@ class BucketedSync final : public GradSync {
       }
     }
     add_embedding_part();
-    wait_end_ = Clock::now();
     synced_ = true;
   }
 
@@ -177,7 +176,6 @@ class BucketedSync final : public GradSync {
     SyncTimes t;
     t.total = std::chrono::duration<double>(done - start).count();
     t.exposed = std::chrono::duration<double>(done - backward_end_).count();
-    (void)wait_end_;
     return t;
   }
 
@@ -281,7 +279,7 @@ class BucketedSync final : public GradSync {
   std::vector<Bucket> buckets_;
   bool armed_ = false;
   bool synced_ = false;
-  Clock::time_point first_launch_{}, backward_end_{}, wait_end_{};
+  Clock::time_point first_launch_{}, backward_end_{};
 };
 
 }  // namespace

@@ -350,7 +350,8 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       rec.sync_exposed = times.comm_wait + clock.elapsed(0, 1);
       rec.sync_total = rec.sync_exposed;
       rec.optimizer = clock.elapsed(1, 2);
-      io::ActionRecord opt{step, rank, 6, -1, opt_end - rec.optimizer, opt_end, 0, 0};
+      io::ActionRecord opt{step, rank, static_cast<int>(io::ActionOp::kOptimizer), -1,
+                          opt_end - rec.optimizer, opt_end, 0, 0};
       recorder.action(opt);
       // The loss lives on the last stage; every rank records it.
       double loss_sum = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/action_ops.h"
 #include "gpt2p/io/h5_writer.h"
 #include "gpt2p/io/run_info.h"
 #include "gpt2p/io/run_record.h"
@@ -119,6 +120,19 @@ TEST(RunInfo, VersionsNameTheLibraries) {
     EXPECT_FALSE(v[key].get<std::string>().empty()) << key;
   }
   EXPECT_EQ(gpt2p::io::utc_timestamp().size(), 20U);
+}
+
+TEST(RunRecorder, NamesEveryActionOpCodeInTheFile) {
+  const gpt2p::testing::TempDir dir("rec_ops");
+  record(dir.str(), 0, 1, RecordMode::kCreate);
+  H5::H5File f(dir / "rank0.h5", H5F_ACC_RDONLY);
+  const H5::Attribute a = f.openAttribute("action_ops");
+  std::string text;
+  a.read(a.getStrType(), text);
+  EXPECT_EQ(text, gpt2p::io::action_ops_json());
+  for (const char* name : {"\"0\":\"forward\"", "\"6\":\"optimizer\"", "\"7\":\"weight grad\""}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << " in " << text;
+  }
 }
 
 TEST(RunRecorder, AppendKeepsTheEarlierRowsAndMarksWhereEachRunBegins) {

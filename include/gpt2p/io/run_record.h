@@ -18,14 +18,14 @@
 //     val_loss, val_ppl, bleu (NaN where not measured), peak_memory_bytes
 //   /actions  pipeline ranks only: one row per executed schedule action
 //     step, stage, op, microbatch, start, end, bytes_sent, bytes_recv
-//     (op codes: 0 forward, 1 backward, 2 send activation, 3 recv activation, 4 send grad,
-//      5 recv grad, 6 optimizer)
+//     (op: io::ActionOp, io/action_ops.h; the file's "action_ops" attribute names every code)
 //   /segments one row per run that wrote to the file: the first (fresh) run, then every resume
 //     steps_row, epochs_row, actions_row   the row of each table at which its rows begin
 //     started                              Unix time (seconds) it opened the file; NaN for a first
 //                                          segment that predates this table
 // Root attributes: program, config (JSON), world_size, rank, host, device, gpu_name, git_commit,
-// versions (JSON), started (UTC), peak_memory_bytes (at close). A continued file keeps its first
+// versions (JSON), started (UTC), action_ops (JSON: op code -> name), peak_memory_bytes (at
+// close). A continued file keeps its first
 // "started"; the other attributes are those of the latest run.
 //
 // RecordMode::kAppend (for a run resuming into the same --out) continues an existing rank file

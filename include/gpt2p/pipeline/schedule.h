@@ -35,6 +35,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpt2p/io/action_ops.h"
+
 namespace gpt2p::pipeline {
 
 // One cell of the clock-cycle table: micro-batch `microbatch` runs on stage `stage`.
@@ -52,17 +54,17 @@ std::vector<std::vector<Cell>> clock_cycles(int n_microbatches, int n_stages);
 inline int rank_of_stage(int stage, int n_ranks) { return stage % n_ranks; }
 
 struct Action {
-  // The values are the op codes of timing files (io/run_record.h); 6 there is the optimizer step.
+  // The values are the timing files' op codes (io/action_ops.h), which also has the optimizer's.
   // kWeight: the weight-gradient half of a backward split in two (zero_bubble.h);
   // in a schedule that has W actions, B computes only the gradient of the stage's input.
   enum class Op {
-    kForward = 0,
-    kBackward = 1,
-    kSendActivation = 2,
-    kRecvActivation = 3,
-    kSendGrad = 4,
-    kRecvGrad = 5,
-    kWeight = 7,
+    kForward = static_cast<int>(io::ActionOp::kForward),
+    kBackward = static_cast<int>(io::ActionOp::kBackward),
+    kSendActivation = static_cast<int>(io::ActionOp::kSendActivation),
+    kRecvActivation = static_cast<int>(io::ActionOp::kRecvActivation),
+    kSendGrad = static_cast<int>(io::ActionOp::kSendGrad),
+    kRecvGrad = static_cast<int>(io::ActionOp::kRecvGrad),
+    kWeight = static_cast<int>(io::ActionOp::kWeight),
   };
   Op op = Op::kForward;
   int stage = 0;  // the stage it belongs to; rank_of_stage(stage, R) executes it

@@ -1,0 +1,174 @@
+// The training loops' behaviour, pinned: short CPU runs of dp_train's and pp_train's loops at 2, 3
+// and 4 ranks must give the same per-step losses and the same final parameters, bit for bit, as
+// the runs recorded in tests/data/loop_fixture.json. A change to how the loops are organised must
+// not change what they compute; a change that means to (a new default, another order of
+// operations) re-records the fixture and says so in its commit:
+//
+//   GPT2P_RECORD_LOOP_FIXTURE=1 ctest --test-dir build -R test_loop_fixture -j1
+//
+// Everything is float32 on the CPU with one thread per rank (the mpi tests' OMP_NUM_THREADS=1),
+// so the runs are deterministic on one libtorch build.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpt2p/core/atomic_file.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/pp_trainer.h"
+#include "gpt2p/parallel/trainer.h"
+#include "support/h5_read.h"
+#include "support/trainer_fixture.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using gpt2p::testing::read_column;
+
+std::string fixture_path() {
+  const char* data = std::getenv("GPT2P_TEST_DATA");
+  return (fs::path(data != nullptr ? data : "tests/data") / "loop_fixture.json").string();
+}
+
+bool recording() {
+  const char* env = std::getenv("GPT2P_RECORD_LOOP_FIXTURE");
+  return env != nullptr && std::string(env) == "1";
+}
+
+// FNV-1a over every parameter's bytes, in name order: equal exactly when the weights are.
+std::string parameter_hash(const std::string& checkpoint) {
+  auto model = model::load_model(checkpoint);
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& item : model->named_parameters()) params[item.key()] = item.value();
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](const unsigned char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  };
+  for (const auto& [name, value] : params) {
+    mix(reinterpret_cast<const unsigned char*>(name.data()), name.size());
+    const auto t = value.contiguous().to(torch::kFloat32);
+    mix(static_cast<const unsigned char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * 4);
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+class LoopFixture : public gpt2p::testing::TrainerTest {
+ protected:
+  // What a finished run left: rank 0's per-step losses and the hash of every checkpoint part.
+  nlohmann::json observed(const std::string& out) const {
+    nlohmann::json j;
+    j["losses"] = read_column(rank_file(out), "/steps/loss");
+    const std::string root = dir + "/" + out + "/checkpoint";
+    nlohmann::json parts = nlohmann::json::object();
+    if (model::is_checkpoint_dir(root)) {
+      parts["model"] = parameter_hash(root);
+    } else {
+      for (int s = 0; fs::exists(root + "/stage" + std::to_string(s)); ++s) {
+        parts["stage" + std::to_string(s)] = parameter_hash(root + "/stage" + std::to_string(s));
+      }
+    }
+    j["parameters"] = parts;
+    return j;
+  }
+
+  // Compares (or, recording, stores) run `out` under "<name>/np<ranks>".
+  void check(const std::string& name, const std::string& out) {
+    comm->barrier();
+    if (comm->rank() != 0) return;
+    const auto got = observed(out);
+    const std::string key = "np" + std::to_string(comm->size());
+    nlohmann::json fixture = nlohmann::json::object();
+    if (fs::exists(fixture_path())) fixture = nlohmann::json::parse(std::ifstream(fixture_path()));
+    if (recording()) {
+      fixture[name][key] = got;
+      write_text_atomically(fixture_path(), fixture.dump(1) + "\n");
+      return;
+    }
+    ASSERT_TRUE(fixture.contains(name) && fixture[name].contains(key))
+        << "no recorded run " << name << "/" << key << " in " << fixture_path()
+        << " (record it with GPT2P_RECORD_LOOP_FIXTURE=1)";
+    const auto& want = fixture[name][key];
+    const auto losses = got["losses"].get<std::vector<double>>();
+    const auto expected = want["losses"].get<std::vector<double>>();
+    ASSERT_EQ(losses.size(), expected.size()) << name;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_EQ(losses[i], expected[i]) << name << " step " << i << " (bitwise)";
+    }
+    EXPECT_EQ(got["parameters"], want["parameters"]) << name << ": final parameters differ";
+  }
+
+  // Pipelines get one block per stage (the balanced partition needs as many).
+  cli::TrainConfig base(const std::string& out, int64_t steps, int stages_per_rank = 0) const {
+    auto c = config(out, steps);
+    if (stages_per_rank > 0) c.n_layer = stages_per_rank * comm->size();
+    c.dropout = 0.1;  // the RNG streams are part of what is pinned
+    c.save_every = 0;  // one checkpoint, at the end
+    c.translate_samples = 0;
+    return c;
+  }
+};
+
+TEST_F(LoopFixture, DataParallelBucketed) {
+  auto c = base("dp_bucketed", 4);
+  c.grad_sync = "bucketed";
+  c.bucket_mb = 0.05;
+  ASSERT_EQ(train_data_parallel(c, cli::Program::kDataParallel, topo), 0);
+  check("dp_bucketed", "dp_bucketed");
+}
+
+TEST_F(LoopFixture, DataParallelPerParamDenseEmbedding) {
+  auto c = base("dp_per_param", 3);
+  c.grad_sync = "per-param";
+  c.embedding_sync = "dense";
+  ASSERT_EQ(train_data_parallel(c, cli::Program::kDataParallel, topo), 0);
+  check("dp_per_param", "dp_per_param");
+}
+
+TEST_F(LoopFixture, Pipeline1F1B) {
+  auto c = base("pp_1f1b", 3, 1);
+  c.mode = "pipeline";
+  c.schedule = "1f1b";
+  c.microbatches = 2;
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  check("pp_1f1b", "pp_1f1b");
+}
+
+TEST_F(LoopFixture, PipelineInterleaved) {
+  auto c = base("pp_interleaved", 3, 2);
+  c.mode = "pipeline";
+  c.schedule = "interleaved";
+  c.stages_per_rank = 2;
+  c.microbatches = comm->size();
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  check("pp_interleaved", "pp_interleaved");
+}
+
+TEST_F(LoopFixture, PipelineGPipeZeroBubble) {
+  auto c = base("pp_gpipe_zb", 3, 1);
+  c.mode = "pipeline";
+  c.schedule = "gpipe";
+  c.zero_bubble = true;
+  c.microbatches = 2;
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  check("pp_gpipe_zb", "pp_gpipe_zb");
+}
+
+TEST_F(LoopFixture, ModelParallel) {
+  auto c = base("pp_mp", 3, 1);
+  c.mode = "model_parallel";
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  check("pp_mp", "pp_mp");
+}
+
+}  // namespace
+}  // namespace gpt2p::parallel
