@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dp_train's device benchmark (issue: HW5 comparison + bf16, both sync modes) beside ddp_anchor.py.
+# dp_train's GPU benchmark (HW5's comparison + bf16, both sync modes) beside ddp_anchor.py.
 # usage: dp_bench.sh BUILD_DIR OUT_DIR NGPU        (called by scripts/gpu-check)
 set -uo pipefail
 source "$(dirname "$0")/../lib.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pp_train's device benchmark (issue 5) beside pp_anchor.py, on 2 GPUs. Settings:
+# pp_train's GPU benchmark beside pp_anchor.py, on 2 GPUs. Settings:
 #   fp32   batch 64, sequence 128            model_parallel; 1F1B M 2 4 8 16; GPipe M 4 8;
 #                                            interleaved (2 stages per rank) M 2 4 8
 #   bf16   batch 32, sequence 1024 autocast  the same

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Why pp_train's split backward runs faster than the plain one in bf16 on one GPU (sessions 6-7:
-# 32 x 1024, M=2: 71 against 82 ms; 16 x 1024, M=1: 37.3 against 43.1 ms, all of it in the
-# forward, 11.9 against 17.5 ms). PyTorch itself shows no such gap (linear_probe.py: GPT-2's
-# blocks with the autocast linear and with deferred_linear's arithmetic both take 30 ms).
+# Why pp_train's split backward runs faster than the plain one in bf16 on one GPU
+# (results/2026-12-01-h200-zero-bubble-memory/: 32 x 1024, M=2: 71 against 82 ms; 16 x 1024,
+# M=1: 37.3 against 43.1 ms, all of it in the forward, 11.9 against 17.5 ms). PyTorch itself shows
+# no such gap (linear_probe.py: GPT-2's blocks with the autocast linear and with deferred_linear's
+# arithmetic both take 30 ms).
 # SPLIT_PROBE_TORCH=1 runs linear_probe.py too. Then pp_train on one rank, M=1, for each
 # precision x batch x (plain, --zero-bubble) x dropout: per-phase medians from the timing files.
 # If the gap is host time (the plain forward records ~6 autograd nodes per linear under autocast,

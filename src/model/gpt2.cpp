@@ -28,7 +28,7 @@ namespace {
 // C++ frontend's functional linear runs a [B,T,C] input as matmul, then adds the bias in a
 // separate pass over the output. ATen's linear folds it into one GEMM with the bias in its
 // epilogue, as PyTorch's Python does. On one H200 the separate pass cost 5.5 ms of a 17.4 ms
-// forward at 16 x 1024 tokens in bf16 (results/2026-12-01-h200-session7/).
+// forward at 16 x 1024 tokens in bf16 (results/2026-12-01-h200-zero-bubble-memory/).
 // With Kernels::kFused on a GPU under bf16 autocast, kernels::linear: the same forward, and the
 // weight and bias gradients from one GEMM in backward.
 torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x,
