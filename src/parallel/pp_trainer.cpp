@@ -18,6 +18,7 @@
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
+#include "gpt2p/parallel/training_loop.h"
 #include "gpt2p/pipeline/executor.h"
 #include "gpt2p/pipeline/layer_profile.h"
 #include "gpt2p/pipeline/zero_bubble.h"
@@ -144,6 +145,133 @@ pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages
               "resume with the ranks and --stages-per-rank of the run that wrote the checkpoint");
   return split;
 }
+
+}  // namespace
+
+namespace {
+
+// One pipeline step: the executor runs this rank's part of the schedule over the batch's
+// micro-batches, the tied embedding's gradient is summed between the first and the last stage,
+// and every stage's optimizer steps. Each rank records its actions and the loss, which the last
+// stage computes.
+class PipelineStep final : public StepStrategy {
+ public:
+  PipelineStep(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
+               std::vector<model::GPT2>& models,
+               std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
+               std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
+               pipeline::Executor& executor, const std::vector<int>& my_stages,
+               const pipeline::Partition& split, int microbatches, bool bf16,
+               model::LossPositions positions)
+      : ctx_(ctx),
+        cfg_(ctx.cfg),
+        data_(data),
+        recorder_(recorder),
+        models_(models),
+        optimizers_(optimizers),
+        stages_(stages),
+        executor_(executor),
+        my_stages_(my_stages),
+        split_(split),
+        m_(microbatches),
+        bf16_(bf16),
+        positions_(positions),
+        clock_(ctx.device, 3) {}
+
+  void set_training(bool training) override {
+    for (auto& model : models_) training ? model->train() : model->eval();
+  }
+
+  double step(io::StepRecord& rec, bool /*more*/) override {
+    const int n = ctx_.topo.size, rank = ctx_.topo.rank;
+    const auto t0 = Clock::now();
+    auto batch = data_.next();
+    auto dev = to_device(batch.batch, ctx_.device);
+    for (auto& stage : stages_) {
+      stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens,
+                        host_mask(batch.batch)});
+    }
+    rec.data = since(t0);
+    const auto times = executor_.run_step(rec.step, rec.start + rec.data);
+    clock_.mark(0);
+    pipeline::sync_tied_gradient(models_, *ctx_.comm);
+    clock_.mark(1);
+    if (cfg_.grad_clip > 0) pipeline::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
+    for (size_t c = 0; c < models_.size(); ++c) {
+      optimizers_[c]->step();
+      for (auto& p : models_[c]->parameters()) p.mutable_grad() = torch::Tensor();
+    }
+    clock_.mark(2);
+    // The optimizer's action ends now, on the run's clock (rec.start counts from its start).
+    const double opt_end = rec.start + since(t0);
+    for (const auto& a : times.actions) recorder_.action(a);
+    rec.forward = times.forward;
+    rec.backward = times.backward;
+    rec.sync_exposed = times.comm_wait + clock_.elapsed(0, 1);
+    rec.sync_total = rec.sync_exposed;
+    rec.optimizer = clock_.elapsed(1, 2);
+    recorder_.action({rec.step, rank, static_cast<int>(io::ActionOp::kOptimizer), -1,
+                      opt_end - rec.optimizer, opt_end, 0, 0});
+    // The loss lives on the last stage; every rank records it.
+    double loss_sum = 0;
+    for (auto& stage : stages_) loss_sum += stage->take_loss();
+    auto loss =
+        torch::tensor({loss_sum}, torch::TensorOptions().dtype(torch::kFloat64)).to(ctx_.device);
+    if (n > 1) ctx_.comm->broadcast(loss, n - 1);
+    rec.loss = loss.item<double>();
+    rec.padded_tokens = batch.batch.padded_tokens;
+    rec.target_tokens = batch.batch.target_tokens;
+    rec.lr = cfg_.lr;
+    // Model FLOPs: this rank's stages, and the whole model's for the progress line.
+    const int64_t head_rows =
+        positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens;
+    rec.flops = 0;
+    for (const int s : my_stages_) {
+      const auto r = split_[static_cast<size_t>(s)];
+      rec.flops += model::training_flops(ctx_.model_config, r.begin, r.end, rec.padded_tokens,
+                                         cfg_.seq_len, head_rows);
+    }
+    return model::training_flops(ctx_.model_config, 0, ctx_.model_config.num_stage_layers(),
+                                 rec.padded_tokens, cfg_.seq_len, head_rows);
+  }
+
+  void save(const std::string& dir, const model::TrainState& state) override {
+    std::vector<StagePart> parts;
+    for (size_t c = 0; c < models_.size(); ++c) {
+      parts.push_back({my_stages_[c], models_[c].get(), optimizers_[c].get()});
+    }
+    save_stage_checkpoints(ctx_, dir, parts, static_cast<int>(split_.size()), state);
+  }
+
+  EpochEval evaluate(int64_t epoch) override {
+    const auto val = pipeline_validation_loss(models_, *ctx_.comm,
+                                              data_.dataset().split("validation"),
+                                              cfg_.max_eval_pairs, cfg_.batch_size / m_,
+                                              cfg_.seq_len, data_.special(), bf16_);
+    if (ctx_.topo.rank == 0) {
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
+                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
+      std::fflush(stdout);
+    }
+    return {val.loss, val.perplexity, std::nan("")};
+  }
+
+ private:
+  const RunContext& ctx_;
+  const cli::TrainConfig& cfg_;
+  TrainData& data_;
+  io::RunRecorder& recorder_;
+  std::vector<model::GPT2>& models_;
+  std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers_;
+  std::vector<std::unique_ptr<pipeline::GptStage>>& stages_;
+  pipeline::Executor& executor_;
+  const std::vector<int>& my_stages_;
+  const pipeline::Partition& split_;
+  const int m_;
+  const bool bf16_;
+  const model::LossPositions positions_;
+  compat::DeviceClock clock_;
+};
 
 }  // namespace
 
@@ -292,136 +420,9 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
     std::fflush(stdout);
   }
 
-  // One start for all ranks: every rank's times count from here, so stages line up in timelines.
-  ctx.comm->barrier();
-  const auto run_start = Clock::now();
-  const int64_t per_epoch = data.batches_per_epoch();
-  compat::DeviceClock clock(ctx.device, 3);
-  int64_t step = state.step;
-  bool done = false;
-  const std::string checkpoint = cfg.out + "/checkpoint";
-  const auto save = [&](int64_t epoch, int64_t next_batch) {
-    const auto at = resume_point(epoch, next_batch, per_epoch);
-    std::vector<StagePart> parts;
-    for (int c = 0; c < v; ++c) {
-      parts.push_back({my_stages[static_cast<size_t>(c)], models[static_cast<size_t>(c)].get(),
-                       optimizers[static_cast<size_t>(c)].get()});
-    }
-    save_stage_checkpoints(ctx, checkpoint, parts, n_stages,
-                           {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
-  };
-  int stopped_by = 0;  // the signal that stopped the run
-  double run_peak = 0;  // bytes: the largest epoch training peak
-  StepProfiler profiler(cfg, ctx.device, rank, state.step);
-  for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
-    for (auto& model : models) model->train();
-    compat::reset_peak_memory(ctx.device);
-    EpochTotals totals;
-    bool last_batch = false;  // the run stopped after the epoch's last batch
-    for (int64_t b = data.position().batch; b < per_epoch; ++b) {
-      io::StepRecord rec;
-      rec.step = step;
-      rec.epoch = epoch;
-      profiler.before_step(step);
-      const auto t0 = Clock::now();
-      rec.start = std::chrono::duration<double>(t0 - run_start).count();
-      auto batch = data.next();
-      auto dev = to_device(batch.batch, ctx.device);
-      for (auto& stage : stages)
-        stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens,
-                          host_mask(batch.batch)});
-      rec.data = since(t0);
-      const auto times = executor.run_step(step, rec.start + rec.data);
-      clock.mark(0);
-      pipeline::sync_tied_gradient(models, *ctx.comm);
-      clock.mark(1);
-      if (cfg.grad_clip > 0)
-        pipeline::clip_grad_norm_pipeline(models, ctx.comm.get(), cfg.grad_clip);
-      for (int c = 0; c < v; ++c) {
-        optimizers[static_cast<size_t>(c)]->step();
-        for (auto& p : models[static_cast<size_t>(c)]->parameters())
-          p.mutable_grad() = torch::Tensor();
-      }
-      clock.mark(2);
-      const double opt_end = since(run_start);
-      for (const auto& a : times.actions) recorder.action(a);
-      rec.forward = times.forward;
-      rec.backward = times.backward;
-      rec.sync_exposed = times.comm_wait + clock.elapsed(0, 1);
-      rec.sync_total = rec.sync_exposed;
-      rec.optimizer = clock.elapsed(1, 2);
-      io::ActionRecord opt{step, rank, static_cast<int>(io::ActionOp::kOptimizer), -1,
-                          opt_end - rec.optimizer, opt_end, 0, 0};
-      recorder.action(opt);
-      // The loss lives on the last stage; every rank records it.
-      double loss_sum = 0;
-      for (auto& stage : stages) loss_sum += stage->take_loss();
-      auto loss =
-          torch::tensor({loss_sum}, torch::TensorOptions().dtype(torch::kFloat64)).to(ctx.device);
-      if (n > 1) ctx.comm->broadcast(loss, n - 1);
-      rec.loss = loss.item<double>();
-      rec.end = std::chrono::duration<double>(Clock::now() - run_start).count();
-      rec.padded_tokens = batch.batch.padded_tokens;
-      rec.target_tokens = batch.batch.target_tokens;
-      rec.lr = cfg.lr;
-      // Model FLOPs: this rank's stages, and the whole model's for the progress line.
-      const int64_t head_rows = positions == model::LossPositions::kAll ? rec.padded_tokens
-                                                                         : rec.target_tokens;
-      rec.flops = 0;
-      for (const int s : my_stages) {
-        const auto r = split[static_cast<size_t>(s)];
-        rec.flops += model::training_flops(ctx.model_config, r.begin, r.end, rec.padded_tokens,
-                                           cfg.seq_len, head_rows);
-      }
-      const double model_flops =
-          model::training_flops(ctx.model_config, 0, ctx.model_config.num_stage_layers(),
-                                rec.padded_tokens, cfg.seq_len, head_rows);
-      finish_step(recorder, rec, totals,
-                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0, 1.0, ctx.peak_flops,
-                   model_flops, n});
-      profiler.after_step(step);
-      stopped_by = stop_requested(*ctx.control);
-      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
-                       stopped_by != 0)) {
-        if (stopped_by != 0) save(epoch, b + 1);
-        done = true;
-        last_batch = b + 1 == per_epoch;
-        break;
-      }
-    }
-    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's end
-    // (evaluation, its row) runs first, below, for the resume starts the next epoch.
-    if (stopped_by != 0 && !last_batch) {
-      recorder.close();
-      report_stopped("pp_train", stopped_by, step, checkpoint, rank);
-      return cli::kExitStopped;
-    }
-    const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals, ctx.device);
-    run_peak = std::max(run_peak, totals.peak_memory_bytes);
-    for (auto& model : models) model->eval();
-    const auto val = pipeline_validation_loss(models, *ctx.comm, data.dataset().split("validation"),
-                                              cfg.max_eval_pairs, cfg.batch_size / m, cfg.seq_len,
-                                              data.special(), bf16);
-    if (rank == 0) {
-      std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
-                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
-      std::fflush(stdout);
-    }
-    recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, std::nan("")));
-    if (cfg.save_every == 0 && stopped_by == 0) save(resume_at.epoch, resume_at.batch);
-    // Evaluation and the checkpoints must not leak into another rank's next timed step.
-    if (n > 1) ctx.comm->barrier();
-    if (stopped_by != 0) {
-      recorder.set_attribute("peak_memory_bytes", run_peak);
-      recorder.close();
-      report_stopped("pp_train", stopped_by, step, checkpoint, rank);
-      return cli::kExitStopped;
-    }
-  }
-  recorder.set_attribute("peak_memory_bytes", run_peak);  // training's, evaluation left out
-  recorder.close();
-  if (n > 1) ctx.comm->barrier();
-  return 0;
+  PipelineStep strategy(ctx, data, recorder, models, optimizers, stages, executor, my_stages, split,
+                        m, bf16, positions);
+  return run_training(ctx, data, recorder, state, {"pp_train", rank, n, 1.0}, strategy);
 }
 
 }  // namespace gpt2p::parallel

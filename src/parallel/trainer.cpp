@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 
 #include "gpt2p/cli/main_guard.h"
@@ -20,14 +19,180 @@
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
+#include "gpt2p/parallel/training_loop.h"
 
 namespace gpt2p::parallel {
 namespace {
 
-// Everything one optimizer step needs, so the loop below reads as the algorithm.
-struct Step {
-  io::StepRecord rec;
-  double local_loss_sum = 0;  // sum of masked CE over this rank's target tokens
+// One data-parallel optimizer step: every rank runs forward and backward on its share of the
+// global batch (in --grad-accum micro-steps), the gradients are averaged (`sync`), then clipped
+// and applied. The next step's batch is prepared while the GPU still works on this one (after the
+// optimizer is queued, before the host waits for the step): the host's part -- sampling, pinned
+// copies, loss rows -- then leaves no gap on the GPU.
+class DataParallelStep final : public StepStrategy {
+ public:
+  DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model,
+                   compat::FusedAdamW& optimizer, GradSync& sync)
+      : ctx_(ctx),
+        cfg_(ctx.cfg),
+        data_(data),
+        model_(std::move(model)),
+        params_(model_->parameters()),
+        optimizer_(optimizer),
+        sync_(sync),
+        world_(ctx.topo.size),
+        micro_(data.local_batch() / ctx.cfg.grad_accum),
+        bf16_(ctx.cfg.precision == "bf16"),
+        positions_(model::parse_loss_positions(ctx.cfg.loss_positions)),
+        clock_(ctx.device, 2 * ctx.cfg.grad_accum + 3) {}
+
+  void set_training(bool training) override { training ? model_->train() : model_->eval(); }
+
+  double step(io::StepRecord& rec, bool more) override {
+    Prepared cur = ahead_ ? std::move(*ahead_) : prepare();
+    ahead_.reset();
+    const auto& batch = cur.batch;
+    rec.data = cur.host_seconds;
+    clock_.mark(0);
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
+    for (int k = 0; k < cfg_.grad_accum; ++k) {
+      torch::Tensor loss;
+      {
+        compat::AutocastGuard autocast(ctx_.device, bf16_);
+        loss = model_->loss(cur.dev.inputs.narrow(0, k * micro_, micro_),
+                            cur.rows[static_cast<size_t>(k)], bf16_);
+      }
+      clock_.mark(1 + 2 * k);
+      sync_.begin_backward(k + 1 == cfg_.grad_accum);
+      loss.backward();
+      clock_.mark(2 + 2 * k);
+      loss_sum += loss.detach();
+    }
+    sync_.end_backward();
+    const int sync_mark = 2 * cfg_.grad_accum + 1;
+    clock_.mark(sync_mark);
+    if (cfg_.grad_clip > 0) clip_grad_norm_queued(params_, cfg_.grad_clip);
+    optimizer_.step();
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    clock_.mark(sync_mark + 1);
+    if (more) {
+      before_ahead_ = data_.position();
+      ahead_ = prepare();
+    }
+    const auto times = sync_.finish_step();
+    for (int k = 0; k < cfg_.grad_accum; ++k) {
+      rec.forward += clock_.elapsed(2 * k, 1 + 2 * k);
+      rec.backward += clock_.elapsed(1 + 2 * k, 2 + 2 * k);
+    }
+    rec.sync_exposed = clock_.elapsed(sync_mark - 1, sync_mark);
+    rec.sync_total = std::max(times.total, rec.sync_exposed);
+    rec.optimizer = clock_.elapsed(sync_mark, sync_mark + 1);
+    rec.padded_tokens = batch.batch.padded_tokens;
+    rec.target_tokens = batch.batch.target_tokens;
+    // loss_sum = local masked CE sum * world / global targets; report this rank's mean.
+    const double local_sum =
+        loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world_;
+    rec.loss = batch.batch.target_tokens > 0
+                   ? local_sum / static_cast<double>(batch.batch.target_tokens)
+                   : 0.0;
+    rec.lr = cfg_.lr;
+    rec.flops = model::training_flops(
+        ctx_.model_config, 0, ctx_.model_config.num_stage_layers(), rec.padded_tokens,
+        cfg_.seq_len,
+        positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
+    return rec.flops * world_;
+  }
+
+  void cancel_next() override {
+    if (!ahead_) return;
+    data_.set_position(before_ahead_);
+    ahead_.reset();
+  }
+
+  void save(const std::string& dir, const model::TrainState& state) override {
+    save_replicated_checkpoint(ctx_, dir, *model_, optimizer_, state);
+  }
+
+  EpochEval evaluate(int64_t epoch) override {
+    // Averaged gradients keep the replicas bitwise equal; a difference is a sync bug, caught here
+    // rather than as a quietly worse model.
+    if (world_ > 1) {
+      check_replicas(model_, *ctx_.comm, "at the end of epoch " + std::to_string(epoch + 1),
+                     "the data-parallel replicas diverged: rerun with --grad-sync per-param or "
+                     "--embedding-sync dense and report the run");
+    }
+    const int64_t vocab = ctx_.model_config.vocab_size;
+    const auto logits_fn = [&](const torch::Tensor& ids) {
+      compat::AutocastGuard autocast(ctx_.device, bf16_);
+      return model_->forward(ids).to(torch::kFloat32);
+    };
+    const auto val = validation_loss(logits_fn, data_.dataset().split("validation"),
+                                     cfg_.max_eval_pairs, micro_, cfg_.seq_len, data_.special(),
+                                     vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr);
+    EpochEval out{val.loss, val.perplexity, std::nan("")};
+    const int rank = ctx_.topo.rank;
+    if (rank == 0 && cfg_.translate_samples > 0) {
+      const auto samples = translate(logits_fn, data_.dataset().split("test"),
+                                     cfg_.translate_samples, cfg_.seq_len, data_.special(), vocab,
+                                     ctx_.tokenizer, ctx_.device);
+      out.bleu = translations_bleu(samples);
+      for (const auto& t : samples) {
+        std::printf("  de: %s\n  en: %s\n  model: %s\n", t.source.c_str(), t.reference.c_str(),
+                    t.hypothesis.c_str());
+      }
+    }
+    if (rank == 0) {
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f",
+                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
+      if (cfg_.translate_samples > 0) {
+        std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg_.translate_samples),
+                    out.bleu);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    return out;
+  }
+
+ private:
+  // A step's batch on the device and its loss rows.
+  struct Prepared {
+    TrainData::Step batch;
+    DeviceBatch dev;
+    std::vector<model::LossRows> rows;
+    double host_seconds = 0;
+  };
+
+  Prepared prepare() {
+    const auto t = Clock::now();
+    Prepared p;
+    p.batch = data_.next();
+    p.dev = to_device(p.batch.batch, ctx_.device);
+    // The head runs only where the loss counts; weights scaled so that averaging gradients over
+    // `world` ranks gives the gradient of the global batch's mean (train_data.h).
+    const double scale =
+        static_cast<double>(world_) /
+        static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens));
+    p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg_.grad_accum, scale,
+                              positions_);
+    p.host_seconds = since(t);
+    return p;
+  }
+
+  const RunContext& ctx_;
+  const cli::TrainConfig& cfg_;
+  TrainData& data_;
+  model::GPT2 model_;
+  std::vector<torch::Tensor> params_;
+  compat::FusedAdamW& optimizer_;
+  GradSync& sync_;
+  const int world_;
+  const int64_t micro_;
+  const bool bf16_;
+  const model::LossPositions positions_;
+  compat::DeviceClock clock_;
+  std::optional<Prepared> ahead_;
+  data::SamplerPosition before_ahead_;  // where the data stood before ahead_ was taken from it
 };
 
 }  // namespace
@@ -88,13 +253,6 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
   io::RunRecorder recorder(cfg.out, run_identity(ctx, name),
                            cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
-  const bool bf16 = cfg.precision == "bf16";
-  const auto positions = model::parse_loss_positions(cfg.loss_positions);
-  const int64_t vocab = ctx.model_config.vocab_size;
-  const auto logits_fn = [&](const torch::Tensor& ids) {
-    compat::AutocastGuard autocast(ctx.device, bf16);
-    return model->forward(ids).to(torch::kFloat32);
-  };
   if (rank == 0) {
     std::printf("%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
                 "sync %s, %s\n",
@@ -104,183 +262,9 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
                 sync->name().c_str(), ctx.describe_kernels().c_str());
     std::fflush(stdout);
   }
-
-  // One start for all ranks: every rank's times count from here, so stages line up in timelines.
-  ctx.comm->barrier();
-  const auto run_start = Clock::now();
-  const int64_t per_epoch = data.batches_per_epoch();
-  compat::DeviceClock clock(ctx.device, 2 * cfg.grad_accum + 3);
-  int64_t step = state.step;
-  bool done = false;
-  const std::string checkpoint = cfg.out + "/checkpoint";
-  const auto save = [&](int64_t epoch, int64_t next_batch) {
-    const auto at = resume_point(epoch, next_batch, per_epoch);
-    save_replicated_checkpoint(ctx, checkpoint, *model, optimizer,
-                               {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
-  };
-  int stopped_by = 0;  // the signal that stopped the run
-  StepProfiler profiler(cfg, ctx.device, rank, state.step);
-  // A step's batch on the device and its loss rows. The next step's is prepared while the GPU
-  // still works on this one (after the optimizer is queued, before the host waits for the step):
-  // the host's part -- sampling, pinned copies, loss rows -- then leaves no gap on the GPU.
-  struct Prepared {
-    TrainData::Step batch;
-    DeviceBatch dev;
-    std::vector<model::LossRows> rows;
-    double host_seconds = 0;
-  };
-  const auto prepare = [&] {
-    const auto t = Clock::now();
-    Prepared p;
-    p.batch = data.next();
-    p.dev = to_device(p.batch.batch, ctx.device);
-    // The head runs only where the loss counts; weights scaled so that averaging gradients over
-    // `world` ranks gives the gradient of the global batch's mean (train_data.h).
-    p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg.grad_accum,
-                              static_cast<double>(world) /
-                                  static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens)),
-                              positions);
-    p.host_seconds = since(t);
-    return p;
-  };
-  std::optional<Prepared> ahead;
-  data::SamplerPosition before_ahead;  // where the data stood before `ahead` was taken from it
-
-  double run_peak = 0;  // bytes: the largest epoch training peak
-  for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
-    model->train();
-    compat::reset_peak_memory(ctx.device);
-    EpochTotals totals;
-    bool last_batch = false;  // the run stopped after the epoch's last batch
-    for (int64_t b = data.position().batch; b < per_epoch; ++b) {
-      io::StepRecord rec;
-      rec.step = step;
-      rec.epoch = epoch;
-      profiler.before_step(step);
-      const auto t0 = Clock::now();
-      rec.start = std::chrono::duration<double>(t0 - run_start).count();
-      Prepared cur = ahead ? std::move(*ahead) : prepare();
-      ahead.reset();
-      const auto& batch = cur.batch;
-      const auto& dev = cur.dev;
-      const auto& rows = cur.rows;
-      rec.data = cur.host_seconds;
-      clock.mark(0);
-      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
-      for (int k = 0; k < cfg.grad_accum; ++k) {
-        torch::Tensor loss;
-        {
-          compat::AutocastGuard autocast(ctx.device, bf16);
-          loss = model->loss(dev.inputs.narrow(0, k * micro, micro), rows[static_cast<size_t>(k)],
-                             bf16);
-        }
-        clock.mark(1 + 2 * k);
-        sync->begin_backward(k + 1 == cfg.grad_accum);
-        loss.backward();
-        clock.mark(2 + 2 * k);
-        loss_sum += loss.detach();
-      }
-      sync->end_backward();
-      const int sync_mark = 2 * cfg.grad_accum + 1;
-      clock.mark(sync_mark);
-      if (cfg.grad_clip > 0) clip_grad_norm_queued(params, cfg.grad_clip);
-      optimizer.step();
-      for (auto& p : params) p.mutable_grad() = torch::Tensor();
-      clock.mark(sync_mark + 1);
-      if (b + 1 < per_epoch && (cfg.max_steps == 0 || step + 1 < cfg.max_steps)) {
-        before_ahead = data.position();
-        ahead = prepare();
-      }
-      const auto times = sync->finish_step();
-      for (int k = 0; k < cfg.grad_accum; ++k) {
-        rec.forward += clock.elapsed(2 * k, 1 + 2 * k);
-        rec.backward += clock.elapsed(1 + 2 * k, 2 + 2 * k);
-      }
-      rec.sync_exposed = clock.elapsed(sync_mark - 1, sync_mark);
-      rec.sync_total = std::max(times.total, rec.sync_exposed);
-      rec.optimizer = clock.elapsed(sync_mark, sync_mark + 1);
-      rec.end = std::chrono::duration<double>(Clock::now() - run_start).count();
-      rec.padded_tokens = batch.batch.padded_tokens;
-      rec.target_tokens = batch.batch.target_tokens;
-      // loss_sum = local masked CE sum * world / global targets; report this rank's mean.
-      const double local_sum = loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world;
-      rec.loss = batch.batch.target_tokens > 0 ? local_sum / static_cast<double>(batch.batch.target_tokens) : 0.0;
-      rec.lr = cfg.lr;
-      rec.flops = model::training_flops(
-          ctx.model_config, 0, ctx.model_config.num_stage_layers(), rec.padded_tokens, cfg.seq_len,
-          positions == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
-      finish_step(recorder, rec, totals,
-                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, rank == 0,
-                   static_cast<double>(world), ctx.peak_flops, rec.flops * world, world});
-      profiler.after_step(step);
-      stopped_by = stop_requested(*ctx.control);
-      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
-                       stopped_by != 0)) {
-        if (ahead) {  // a stop: the prepared batch goes back, position() is the next one again
-          data.set_position(before_ahead);
-          ahead.reset();
-        }
-        if (stopped_by != 0) save(epoch, b + 1);
-        done = true;
-        last_batch = b + 1 == per_epoch;
-        break;
-      }
-    }
-    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's end
-    // (evaluation, its row) runs first, below, for the resume starts the next epoch.
-    if (stopped_by != 0 && !last_batch) {
-      recorder.close();
-      report_stopped(name, stopped_by, step, checkpoint, rank);
-      return cli::kExitStopped;
-    }
-    // HW5's per-rank line, then evaluation (not part of the training time).
-    const data::SamplerPosition resume_at = end_epoch(data, epoch, done, rank, totals, ctx.device);
-    run_peak = std::max(run_peak, totals.peak_memory_bytes);
-    // Averaged gradients keep the replicas bitwise equal; a difference is a sync bug, caught here
-    // rather than as a quietly worse model.
-    if (world > 1) {
-      check_replicas(model, *ctx.comm, "at the end of epoch " + std::to_string(epoch + 1),
-                     "the data-parallel replicas diverged: rerun with --grad-sync per-param or "
-                     "--embedding-sync dense and report the run");
-    }
-    model->eval();
-    const auto val = validation_loss(logits_fn, data.dataset().split("validation"),
-                                     cfg.max_eval_pairs, micro, cfg.seq_len, data.special(), vocab,
-                                     ctx.device, world > 1 ? ctx.comm.get() : nullptr);
-    double bleu = std::nan("");
-    if (rank == 0 && cfg.translate_samples > 0) {
-      const auto samples = translate(logits_fn, data.dataset().split("test"), cfg.translate_samples,
-                                     cfg.seq_len, data.special(), vocab, ctx.tokenizer, ctx.device);
-      bleu = translations_bleu(samples);
-      for (const auto& t : samples) {
-        std::printf("  de: %s\n  en: %s\n  model: %s\n", t.source.c_str(), t.reference.c_str(),
-                    t.hypothesis.c_str());
-      }
-    }
-    if (rank == 0) {
-      std::printf("epoch %lld: validation loss %.4f perplexity %.2f", static_cast<long long>(epoch + 1),
-                  val.loss, val.perplexity);
-      if (cfg.translate_samples > 0) {
-        std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg.translate_samples), bleu);
-      }
-      std::printf("\n");
-      std::fflush(stdout);
-    }
-    recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, bleu));
-    if (cfg.save_every == 0 && stopped_by == 0) save(resume_at.epoch, resume_at.batch);
-    // Evaluation and rank 0's checkpoint must not leak into another rank's next timed step.
-    if (world > 1) ctx.comm->barrier();
-    if (stopped_by != 0) {
-      recorder.set_attribute("peak_memory_bytes", run_peak);
-      recorder.close();
-      report_stopped(name, stopped_by, step, checkpoint, rank);
-      return cli::kExitStopped;
-    }
-  }
-  recorder.set_attribute("peak_memory_bytes", run_peak);  // training's, evaluation left out
-  recorder.close();
-  if (world > 1) ctx.comm->barrier();
-  return 0;
+  DataParallelStep strategy(ctx, data, model, optimizer, *sync);
+  return run_training(ctx, data, recorder, state, {name, rank, world, static_cast<double>(world)},
+                      strategy);
 }
 
 }  // namespace gpt2p::parallel

@@ -1,5 +1,6 @@
-// The pipeline-parallel training loop (pp_train): one stage per rank, GPipe or 1F1B over
-// --microbatches, or --mode model_parallel (the same split, the whole batch as one micro-batch).
+// The pipeline-parallel trainer (pp_train): its setup and its step (a StepStrategy) for the one
+// training loop (training_loop.h). GPipe, 1F1B or interleaved over --microbatches, or
+// --mode model_parallel (the same split, the whole batch as one micro-batch).
 #pragma once
 
 #include <vector>

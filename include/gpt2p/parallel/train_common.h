@@ -1,5 +1,6 @@
-// Pieces every training loop shares (trainer.cpp for data parallelism, pp_trainer.cpp for
-// pipelines): clocks, batches on the device, progress lines.
+// Pieces of the training loop (training_loop.h) and its step strategies (trainer.cpp for data
+// parallelism, pp_trainer.cpp for pipelines): clocks, batches on the device, progress lines, step
+// bookkeeping.
 #pragma once
 
 #include <torch/types.h>

@@ -1,4 +1,5 @@
-// The data-parallel training loop, which is also the single-rank one (world size 1, no sync).
+// The data-parallel trainer, which is also the single-rank one (world size 1, no sync): its setup
+// and its step (a StepStrategy) for the one training loop (training_loop.h).
 #pragma once
 
 #include "gpt2p/cli/train_options.h"

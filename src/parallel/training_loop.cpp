@@ -1,0 +1,89 @@
+#include "gpt2p/parallel/training_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "gpt2p/cli/main_guard.h"
+#include "gpt2p/core/compat.h"
+#include "gpt2p/parallel/checkpoint_commit.h"
+#include "gpt2p/parallel/train_common.h"
+
+namespace gpt2p::parallel {
+
+int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
+                 const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy) {
+  const auto& cfg = ctx.cfg;
+  // One start for all ranks: every rank's times count from here, so stages line up in timelines.
+  ctx.comm->barrier();
+  const auto run_start = Clock::now();
+  const auto now = [&] { return std::chrono::duration<double>(Clock::now() - run_start).count(); };
+  const int64_t per_epoch = data.batches_per_epoch();
+  const std::string checkpoint = cfg.out + "/checkpoint";
+  int64_t step = state.step;
+  const auto save = [&](int64_t epoch, int64_t next_batch) {
+    const auto at = resume_point(epoch, next_batch, per_epoch);
+    strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
+  };
+  double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
+  const auto stopped = [&](int signal) {
+    recorder.close();
+    report_stopped(setup.program, signal, step, checkpoint, setup.rank);
+    return cli::kExitStopped;
+  };
+  StepProfiler profiler(cfg, ctx.device, setup.rank, state.step);
+  bool done = false;
+  int stopped_by = 0;  // the signal that stopped the run
+  for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
+    strategy.set_training(true);
+    compat::reset_peak_memory(ctx.device);
+    EpochTotals totals;
+    bool last_batch = false;  // the run stopped after the epoch's last batch
+    for (int64_t b = data.position().batch; b < per_epoch; ++b) {
+      io::StepRecord rec;
+      rec.step = step;
+      rec.epoch = epoch;
+      profiler.before_step(step);
+      rec.start = now();
+      const bool more = b + 1 < per_epoch && (cfg.max_steps == 0 || step + 1 < cfg.max_steps);
+      const double run_flops = strategy.step(rec, more);
+      rec.end = now();
+      finish_step(recorder, rec, totals,
+                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, setup.rank == 0,
+                   setup.tokens_factor, ctx.peak_flops, run_flops, setup.ranks});
+      profiler.after_step(step);
+      stopped_by = stop_requested(*ctx.control);
+      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
+                       stopped_by != 0)) {
+        strategy.cancel_next();
+        if (stopped_by != 0) save(epoch, b + 1);
+        done = true;
+        last_batch = b + 1 == per_epoch;
+        break;
+      }
+    }
+    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's end
+    // (evaluation, its row) runs first, below, for the resume starts the next epoch.
+    if (stopped_by != 0 && !last_batch) return stopped(stopped_by);
+    // HW5's per-rank line, then evaluation (not part of the training time).
+    const data::SamplerPosition resume_at =
+        end_epoch(data, epoch, done, setup.rank, totals, ctx.device);
+    run_peak = std::max(run_peak, totals.peak_memory_bytes);
+    strategy.set_training(false);
+    const EpochEval val = strategy.evaluate(epoch);
+    recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, val.bleu));
+    if (cfg.save_every == 0 && stopped_by == 0) save(resume_at.epoch, resume_at.batch);
+    // Evaluation and the checkpoints must not leak into another rank's next timed step.
+    if (setup.ranks > 1) ctx.comm->barrier();
+    if (stopped_by != 0) {
+      recorder.set_attribute("peak_memory_bytes", run_peak);
+      return stopped(stopped_by);
+    }
+  }
+  recorder.set_attribute("peak_memory_bytes", run_peak);
+  recorder.close();
+  if (setup.ranks > 1) ctx.comm->barrier();
+  return 0;
+}
+
+}  // namespace gpt2p::parallel
