@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "element.cuh"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::kernels {
@@ -17,19 +18,6 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// kWidth elements moved as one 16-byte access (or one element when the row is not aligned).
-template <typename T, int kWidth>
-struct alignas(sizeof(T) * kWidth) Pack {
-  T v[kWidth];
-};
 
 // (max, sum of exp(x - max)) pairs, merged.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "element.cuh"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::kernels {
@@ -33,19 +34,6 @@ constexpr int64_t kMinRowsPerPartial = 8;
 constexpr int kReduceCols = 32;
 constexpr int kReduceSplit = 16;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// kWidth elements moved as one access (16 bytes for float32, 8 for bfloat16).
-template <typename T, int kWidth>
-struct alignas(sizeof(T) * kWidth) Pack {
-  T v[kWidth];
-};
 
 // Pack i of p, as floats.
 template <int kWidth, typename T>

@@ -15,6 +15,7 @@
 #include "gpt2p/kernels/fused_linear.h"
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/model/lm_head_loss.h"
+#include "support/gpu_compare.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -24,15 +25,7 @@ namespace F = torch::nn::functional;
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
-// Largest |a - b| relative to the largest |b|.
-double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto a64 = a.to(torch::kCPU, torch::kFloat64), b64 = b.to(torch::kCPU, torch::kFloat64);
-  const double scale = std::max(b64.abs().max().item<double>(), 1e-30);
-  return (a64 - b64).abs().max().item<double>() / scale;
-}
-
-#define REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU"
+using gpt2p::testing::rel_diff;
 
 // The kernel's contract computed with ATen in float64: per-row weighted losses and the weighted
 // gradient (0 in padded columns).
@@ -77,14 +70,14 @@ void check_kernel(torch::ScalarType type, int64_t rows, int64_t vocab, int64_t p
 }
 
 TEST(SoftmaxCrossEntropyKernel, Float32MatchesTheReferenceTightly) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_kernel(torch::kFloat32, 37, 1000, 1088, 1e-5, 1e-5);  // vectorised rows, padding
   check_kernel(torch::kFloat32, 9, 1001, 1001, 1e-5, 1e-5);   // unaligned rows: scalar path
   check_kernel(torch::kFloat32, 64, 50260, 50304, 1e-5, 1e-5);  // GPT-2's head
 }
 
 TEST(SoftmaxCrossEntropyKernel, BFloat16MatchesTheReferenceOfItsInputs) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   // The inputs are bf16, the arithmetic float32: only the gradient's bf16 rounding differs
   // (8 bits of mantissa: 2^-8 of the largest entry).
   check_kernel(torch::kBFloat16, 37, 1000, 1088, 1e-5, 4e-3);
@@ -93,7 +86,7 @@ TEST(SoftmaxCrossEntropyKernel, BFloat16MatchesTheReferenceOfItsInputs) {
 }
 
 TEST(SoftmaxCrossEntropyKernel, ALabelOutsideTheVocabularyGivesANaNLoss) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   auto logits = torch::randn({2, 64}, torch::TensorOptions().device(kGpu));
   const auto labels = torch::tensor({3, 60}, torch::TensorOptions().dtype(torch::kLong)).to(kGpu);
   const auto weights = torch::ones({2}, torch::TensorOptions().device(kGpu));
@@ -103,7 +96,7 @@ TEST(SoftmaxCrossEntropyKernel, ALabelOutsideTheVocabularyGivesANaNLoss) {
 }
 
 TEST(AddMatmulTn, AccumulatesInFloat32) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   torch::manual_seed(2);
   for (auto type : {torch::kFloat32, torch::kBFloat16}) {
     const auto opts = torch::TensorOptions().device(kGpu);
@@ -118,7 +111,7 @@ TEST(AddMatmulTn, AccumulatesInFloat32) {
 }
 
 TEST(LinearWeightGrads, OneGemmGivesTheWeightAndBiasGradients) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   torch::manual_seed(5);
   compat::set_strict_fp32(true);
   for (auto type : {torch::kFloat32, torch::kBFloat16}) {
@@ -164,12 +157,12 @@ void check_linear(bool bf16, double tol) {
 }
 
 TEST(FusedLinear, Float32EqualsTorchLinear) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_linear(false, 1e-5);
 }
 
 TEST(FusedLinear, BFloat16EqualsTorchLinearWithinBf16Rounding) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   // Both compute in bf16 with float32 accumulation; the reference rounds its weight and bias
   // gradients to bf16 before casting them to float32.
   check_linear(true, 1e-2);
@@ -201,12 +194,12 @@ void check_head(torch::ScalarType compute, double loss_tol, double grad_tol) {
 }
 
 TEST(FusedHead, Float32EqualsTheReference) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_head(torch::kFloat32, 1e-6, 1e-5);
 }
 
 TEST(FusedHead, BFloat16EqualsTheReferenceWithinBf16Rounding) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_head(torch::kBFloat16, 1e-3, 2e-2);
 }
 
@@ -251,22 +244,22 @@ void check_model(model::LayerRange range, bool bf16, double loss_tol, double gra
 }
 
 TEST(FusedHeadModel, FullModelFloat32) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_model({0, -1}, false, 1e-6, 1e-4);
 }
 
 TEST(FusedHeadModel, FullModelBFloat16) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_model({0, -1}, true, 2e-3, 5e-2);
 }
 
 TEST(FusedHeadModel, LastPipelineStageFloat32) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_model({2, -1}, false, 1e-6, 1e-4);
 }
 
 TEST(FusedHeadModel, LastPipelineStageBFloat16) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_model({2, -1}, true, 2e-3, 5e-2);
 }
 
@@ -307,17 +300,17 @@ void check_middle_stage(bool bf16, double tol) {
 }
 
 TEST(FusedHeadModel, MiddlePipelineStageFloat32) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_middle_stage(false, 1e-5);
 }
 
 TEST(FusedHeadModel, MiddlePipelineStageBFloat16) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_middle_stage(true, 2e-2);
 }
 
 TEST(AttentionBackend, NamesTheKernelThatRuns) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   compat::set_attention_backend("math");
   EXPECT_EQ(compat::attention_backend(kGpu, torch::kBFloat16, 12, 1024, 64, 0.0), "math");
   compat::set_attention_backend("auto");

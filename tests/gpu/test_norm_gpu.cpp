@@ -14,6 +14,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/kernels/fused_norm.h"
 #include "gpt2p/kernels/layer_norm.h"
+#include "support/gpu_compare.h"
 
 namespace gpt2p {
 namespace {
@@ -23,15 +24,7 @@ constexpr double kEps = 1e-5;
 constexpr double kFloatTol = 1e-5;
 constexpr double kBf16Tol = 1e-2;
 
-// Largest |a - b| relative to the largest |b|.
-double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto a64 = a.to(torch::kCPU, torch::kFloat64), b64 = b.to(torch::kCPU, torch::kFloat64);
-  const double scale = std::max(b64.abs().max().item<double>(), 1e-30);
-  return (a64 - b64).abs().max().item<double>() / scale;
-}
-
-#define REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU"
+using gpt2p::testing::rel_diff;
 
 // Inputs of one case: x with rows of varied mean and scale, delta of `delta_type` (none when
 // nullopt), gamma near 1 and beta near 0.
@@ -92,7 +85,7 @@ void check_forward(const std::vector<int64_t>& shape, std::optional<torch::Scala
 }
 
 TEST(AddLayerNormForward, MatchesFloat64) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   for (const auto& shape : {std::vector<int64_t>{3, 37, 768}, std::vector<int64_t>{2, 5, 64}}) {
     for (auto out_type : {torch::kFloat32, torch::kBFloat16}) {
       check_forward(shape, std::nullopt, out_type);
@@ -103,7 +96,7 @@ TEST(AddLayerNormForward, MatchesFloat64) {
 }
 
 TEST(AddLayerNormForward, ScalarPathAndWidthLimits) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   for (auto out_type : {torch::kFloat32, torch::kBFloat16}) {
     check_forward({7, 50}, torch::kBFloat16, out_type);   // not a multiple of 4: scalar path
     check_forward({4, 3}, std::nullopt, out_type);        // narrower than a warp
@@ -113,7 +106,7 @@ TEST(AddLayerNormForward, ScalarPathAndWidthLimits) {
 }
 
 TEST(AddLayerNormForward, UnalignedRowsTakeTheScalarPath) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   // Contiguous rows of 64 floats starting one float past a 16-byte boundary.
   const auto in = make_inputs({6, 64}, torch::kFloat32, 2);
   Inputs shifted = in;
@@ -172,7 +165,7 @@ void check_backward(const std::vector<int64_t>& shape, std::optional<torch::Scal
 }
 
 TEST(AddLayerNormBackward, AutogradMatchesFloat64) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   for (const auto& shape : {std::vector<int64_t>{3, 37, 768}, std::vector<int64_t>{2, 5, 64}}) {
     for (auto out_type : {torch::kFloat32, torch::kBFloat16}) {
       check_backward(shape, std::nullopt, out_type);
@@ -183,7 +176,7 @@ TEST(AddLayerNormBackward, AutogradMatchesFloat64) {
 }
 
 TEST(AddLayerNormBackward, ScalarPathManyBlocksAndWidthLimits) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   check_backward({7, 50}, torch::kBFloat16, torch::kBFloat16);  // scalar path
   check_backward({4, 3}, torch::kFloat32, torch::kFloat32);
   check_backward({1, 10001, 64}, torch::kBFloat16, torch::kBFloat16);  // 1001 blocks, last of 1 row
@@ -192,7 +185,7 @@ TEST(AddLayerNormBackward, ScalarPathManyBlocksAndWidthLimits) {
 }
 
 TEST(AddLayerNormBackward, DirectCallAddsTheResidualGradient) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   const auto in = make_inputs({9, 96}, torch::kFloat32, 4);
   const auto fwd = kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps,
                                                    torch::kFloat32);
@@ -214,7 +207,7 @@ TEST(AddLayerNormBackward, DirectCallAddsTheResidualGradient) {
 }
 
 TEST(AddLayerNormBackward, ParameterGradientsAreDeterministic) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   const auto in = make_inputs({4, 1024, 768}, torch::kBFloat16, 5);
   const auto fwd = kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps,
                                                    torch::kBFloat16);
@@ -232,7 +225,7 @@ TEST(AddLayerNormBackward, ParameterGradientsAreDeterministic) {
 }
 
 TEST(AddLayerNormAutograd, OneOutputUsedAtATime) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   const auto in = make_inputs({2, 5, 64}, torch::kBFloat16, 6);
   const auto opts = torch::TensorOptions().device(kGpu);
   const auto w = torch::randn({2, 5, 64}, opts);
@@ -264,7 +257,7 @@ TEST(AddLayerNormAutograd, OneOutputUsedAtATime) {
 }
 
 TEST(AddLayerNormAutograd, AutocastChangesNothing) {
-  REQUIRE_GPU();
+  GPT2P_REQUIRE_GPU();
   // The op is outside autocast's lists: under bf16 autocast it computes exactly what it does
   // without it.
   const auto in = make_inputs({3, 37, 768}, torch::kBFloat16, 7);
