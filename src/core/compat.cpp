@@ -47,24 +47,30 @@ void set_attention_backend(const std::string& name) {
                      name == "efficient" || name == "math";
   GPT2P_CHECK(known, "--attention " << name << " is not known",
               "pass --attention auto, flash, cudnn, efficient or math");
-#if GPT2P_TORCH_AT_LEAST(2, 2)
+#if GPT2P_TORCH_AT_LEAST(2, 0)
   auto& ctx = at::globalContext();
   const bool all = name == "auto";
   ctx.setSDPUseFlash(all || name == "flash");
-  ctx.setSDPUseCuDNN(all || name == "cudnn");
   ctx.setSDPUseMemEfficient(all || name == "efficient");
   ctx.setSDPUseMath(all || name == "math");
+#if GPT2P_TORCH_AT_LEAST(2, 4)
+  ctx.setSDPUseCuDNN(all || name == "cudnn");
+#else
+  GPT2P_CHECK(name != "cudnn",
+              "--attention cudnn: libtorch " << TORCH_VERSION << " has no cuDNN attention",
+              "pass --attention auto, flash, efficient or math, or use libtorch 2.4 or later");
+#endif
 #else
   GPT2P_CHECK(name == "auto" || name == "math",
               "--attention " << name << ": libtorch " << TORCH_VERSION
                              << " computes attention explicitly (no fused kernels)",
-              "pass --attention auto, or build against libtorch 2.2 or later");
+              "pass --attention auto, or build against libtorch 2.0 or later");
 #endif
 }
 
 std::string attention_backend(const torch::Device& device, torch::ScalarType dtype, int64_t heads,
                               int64_t seq, int64_t head_dim, double dropout) {
-#if GPT2P_TORCH_AT_LEAST(2, 2)
+#if GPT2P_TORCH_AT_LEAST(2, 0)
   const auto q = torch::empty({1, heads, seq, head_dim}, torch::TensorOptions().dtype(dtype).device(device));
   const int64_t choice = at::_fused_sdp_choice(q, q, q, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
   switch (choice) {  // sdp::SDPBackend (ATen/native/transformers/sdp_utils_cpp.h)

@@ -1,6 +1,7 @@
 #include "gpt2p/kernels/fused_head.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cublas_v2.h>
 
 #include "gpt2p/core/error.h"
@@ -16,6 +17,7 @@ torch::Tensor softmax_cross_entropy_(const torch::Tensor& logits, const torch::T
               "softmax_cross_entropy_: logits " << logits.sizes() << " " << logits.scalar_type()
                                                 << " on " << logits.device(),
               "pass CUDA logits [rows, columns] in bfloat16 or float32 with contiguous rows");
+  const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0);
   GPT2P_CHECK(labels.numel() == rows && weights.numel() == rows,
               "softmax_cross_entropy_: " << labels.numel() << " labels and " << weights.numel()
@@ -49,6 +51,7 @@ void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch
                                     << a.sizes() << " " << a.scalar_type() << ", b " << b.sizes()
                                     << " " << b.scalar_type(),
               "pass contiguous a [k, m], b [k, n] of one type and a float32 out [m, n]");
+  const c10::cuda::CUDAGuard guard(a.device());
   const auto k = static_cast<int>(a.size(0)), m = static_cast<int>(a.size(1)),
              n = static_cast<int>(b.size(1));
   if (k == 0 || m == 0 || n == 0) return;

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cublasLt.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,14 @@ struct Preference {
 };
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS itself reserves on Hopper
+
+// The largest power of two up to 256 that divides the address: what cuBLASLt may assume of it.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
 
 // One cuBLASLt context for the process (a handle is not tied to a stream or a thread).
 cublasLtHandle_t lt_handle() {
@@ -90,6 +99,19 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
   check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &workspace_bytes, sizeof workspace_bytes),
            "MAX_WORKSPACE_BYTES");
+  // Without these cuBLASLt assumes 256-byte operands; a view into a larger tensor may be less.
+  const uint32_t align_a = alignment_of(x.data_ptr()), align_b = alignment_of(dy.data_ptr()),
+                 align_d = alignment_of(dw.data_ptr());
+  if (cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                           &align_a, sizeof align_a) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                           &align_b, sizeof align_b) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &align_d, sizeof align_d) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                           &align_d, sizeof align_d) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
   const c10::cuda::CUDAGuard guard(x.device());
   auto handle = lt_handle();
   cublasLtMatmulHeuristicResult_t heuristic{};
@@ -102,12 +124,12 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
   const auto workspace =
       torch::empty({static_cast<int64_t>(heuristic.workspaceSize)}, x.options().dtype(torch::kUInt8));
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(handle, desc.d, &alpha, x.data_ptr(), a.l, dy.data_ptr(), b.l, &beta,
-                          dw.data_ptr(), d.l, dw.data_ptr(), d.l, &heuristic.algo,
-                          workspace.numel() > 0 ? workspace.data_ptr() : nullptr,
-                          heuristic.workspaceSize, at::cuda::getCurrentCUDAStream(x.get_device())),
-           "Matmul (weight gradient with bias gradient)");
-  return true;
+  // A launch cuBLASLt refuses leaves dw and db unwritten: the caller computes them the plain way.
+  return cublasLtMatmul(handle, desc.d, &alpha, x.data_ptr(), a.l, dy.data_ptr(), b.l, &beta,
+                        dw.data_ptr(), d.l, dw.data_ptr(), d.l, &heuristic.algo,
+                        workspace.numel() > 0 ? workspace.data_ptr() : nullptr,
+                        heuristic.workspaceSize,
+                        at::cuda::getCurrentCUDAStream(x.get_device())) == CUBLAS_STATUS_SUCCESS;
 }
 
 namespace {
@@ -123,6 +145,7 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
     return torch::linear(xc, wc, bias.to(dtype));
   }
 
@@ -133,6 +156,7 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     const auto& wc = saved[1];
     const auto w_dtype = static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const auto b_dtype = static_cast<torch::ScalarType>(ctx->saved_data["b_dtype"].toInt());
     const auto dy = grads[0].to(wc.scalar_type()).contiguous();
     const auto dy2 = dy.reshape({-1, dy.size(-1)});
     const auto x2 = xc.reshape({-1, xc.size(-1)});
@@ -142,7 +166,7 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
       dw = dy2.t().mm(x2).to(torch::kFloat32);
       db = dy2.sum(0, /*keepdim=*/false, torch::kFloat32);
     }
-    return {dx, dw.to(w_dtype), db.to(w_dtype)};
+    return {dx, dw.to(w_dtype), db.to(b_dtype)};
   }
 };
 

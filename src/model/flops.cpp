@@ -35,8 +35,12 @@ double peak_flops(const std::string& gpu_name, const std::string& precision) {
     const char* name;
     double bf16, tf32, fp32;  // TFLOP/s, dense
   };
-  // H100 and H200 SXM share the compute die and clocks; A100 SXM.
+  // The first name the GPU's contains wins: the PCIe and NVL parts before the SXM ones (H100 and
+  // H200 SXM share the compute die and clocks); A100 SXM and PCIe share their peaks.
   static constexpr Peak kPeaks[] = {
+      {"H100 PCIe", 756.0, 378.0, 51.2},
+      {"H100 NVL", 835.0, 417.5, 59.8},
+      {"H200 NVL", 835.0, 417.5, 59.8},
       {"H200", 989.4, 494.7, 66.9},
       {"H100", 989.4, 494.7, 66.9},
       {"A100", 312.0, 156.0, 19.5},

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -99,7 +100,23 @@ StepProfiler::StepProfiler(const cli::TrainConfig& cfg, const torch::Device& dev
                                  first_step + kProfileSkip + cfg.profile_steps, rank == 0);
 }
 
-StepProfiler::~StepProfiler() = default;
+// A run that ends inside the profiled steps (--max-steps, a stop signal, the last epoch) still
+// writes what it profiled; unwinding from an error writes nothing.
+StepProfiler::~StepProfiler() {
+  if (!impl_ || !impl_->profiler.running() || std::uncaught_exceptions() > 0) return;
+  try {
+    impl_->profiler.stop(impl_->path);
+    if (impl_->prints) {
+      std::printf("profile of steps %lld.. written to %s; the run ended before step %lld, the "
+                  "last one asked for\n",
+                  static_cast<long long>(impl_->begin), impl_->path.c_str(),
+                  static_cast<long long>(impl_->end - 1));
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning: the profile could not be written: %s\n", e.what());
+  }
+}
 
 void StepProfiler::before_step(int64_t step) {
   if (impl_ && step == impl_->begin) impl_->profiler.start();

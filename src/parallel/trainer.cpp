@@ -27,8 +27,8 @@ namespace {
 // One data-parallel optimizer step: every rank runs forward and backward on its share of the
 // global batch (in --grad-accum micro-steps), the gradients are averaged (`sync`), then clipped
 // and applied. The next step's batch is prepared while the GPU still works on this one (after the
-// optimizer is queued, before the host waits for the step): the host's part -- sampling, pinned
-// copies, loss rows -- then leaves no gap on the GPU.
+// optimizer is queued, before the host reads the step's clocks): the host's part -- sampling,
+// pinned copies, loss rows -- then leaves no gap on the GPU.
 class DataParallelStep final : public StepStrategy {
  public:
   DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model,
@@ -75,11 +75,13 @@ class DataParallelStep final : public StepStrategy {
     optimizer_.step();
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();
     clock_.mark(sync_mark + 1);
+    // finish_step stamps the sync's end on the host: before the next batch's preparation, which
+    // must not count as synchronisation.
+    const auto times = sync_.finish_step();
     if (more) {
       before_ahead_ = data_.position();
       ahead_ = prepare();
     }
-    const auto times = sync_.finish_step();
     for (int k = 0; k < cfg_.grad_accum; ++k) {
       rec.forward += clock_.elapsed(2 * k, 1 + 2 * k);
       rec.backward += clock_.elapsed(1 + 2 * k, 2 + 2 * k);

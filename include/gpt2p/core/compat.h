@@ -26,9 +26,10 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v);
 
-// --attention: which kernels torch's scaled_dot_product_attention may pick from on libtorch >= 2.2:
-// "auto" (all of them, torch's order), or only "flash", "cudnn", "efficient" or "math". On 1.13
-// the explicit computation is the only one: "auto" and "math" are accepted, the others throw.
+// --attention: which kernels torch's scaled_dot_product_attention may pick from on libtorch >= 2.0:
+// "auto" (all of them, torch's order), or only "flash", "cudnn" (2.4 and later), "efficient" or
+// "math". On 1.13 the explicit computation is the only one: "auto" and "math" are accepted, the
+// others throw.
 void set_attention_backend(const std::string& name);
 
 // The kernel causal_attention runs for [batch, heads, seq, head_dim] inputs of `dtype` on
