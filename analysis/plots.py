@@ -12,8 +12,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, ScalarFormatter  # noqa: E402
 
 from analysis import metrics  # noqa: E402
+from analysis import numbers as fmt  # noqa: E402
 from analysis.reader import Run  # noqa: E402
 
 PHASE_COLORS = {"data": "#9e9e9e", "forward": "#4c72b0", "backward": "#dd8452",
@@ -33,6 +35,18 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def tokens_axis(axis) -> None:
+    """Ticks of a tokens/s axis as a reader reads them: 50k, 100k, 1.5M (never 1e5 or an offset)."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt.count(v, trim=True)))
+
+
+def plain_axis(axis) -> None:
+    """Ticks as plain numbers: no scientific notation, no offset."""
+    f = ScalarFormatter(useOffset=False)
+    f.set_scientific(False)
+    axis.set_major_formatter(f)
+
+
 def _device_word(run: Optional[Run]) -> str:
     if run is None:
         return "GPU"
@@ -40,7 +54,8 @@ def _device_word(run: Optional[Run]) -> str:
     return "GPU" if dev.startswith("cuda") else "CPU rank"
 
 
-def _bars(path, title, ylabel, labels, means, stds, note=""):
+def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False):
+    """Bars of mean ± std, each labelled: "107.7k tok/s ± 42" (tokens) or "8.56 s ± 0.0090"."""
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     x = np.arange(len(labels))
     colors = ["#4c72b0", "#dd8452"]
@@ -48,12 +63,15 @@ def _bars(path, title, ylabel, labels, means, stds, note=""):
                   error_kw={"elinewidth": 1.5})
     for b, m, s in zip(bars, means, stds):
         if np.isfinite(m):
-            ax.annotate(f"{m:,.4g}\n±{s:,.2g}", (b.get_x() + b.get_width() / 2, m + (s or 0)),
+            text = (f"{fmt.tok_s(m)}\n± {fmt.count(s or 0)}" if tokens
+                    else f"{fmt.seconds(m)}\n± {fmt.sig(s or 0, 2)} s")
+            ax.annotate(text, (b.get_x() + b.get_width() / 2, m + (s or 0)),
                         xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(x, labels)
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
     ax.set_ylim(0, max([m + (s or 0) for m, s in zip(means, stds) if np.isfinite(m)] + [1e-9]) * 1.25)
+    (tokens_axis if tokens else plain_axis)(ax.yaxis)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -73,11 +91,12 @@ def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]]) -> List[Pa
         made.append(_bars(out_dir / "ddp_training_time.png", "Data parallel: training time per epoch",
                           "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
                           [a["time_std"], b["time_std"]],
-                          f"{dp['speedup_time_reduction_x']:.2f}x faster, warm-up epochs dropped: {drop}"))
+                          f"{fmt.ratio(dp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}"))
         made.append(_bars(out_dir / "ddp_tokens_per_second.png", "Data parallel: throughput",
                           "tokens per second (all ranks)", labels, [a["tok_mean"], b["tok_mean"]],
                           [a["tok_std"], b["tok_std"]],
-                          f"{dp['speedup_throughput_x']:.2f}x throughput, warm-up epochs dropped: {drop}"))
+                          f"{fmt.ratio(dp['speedup_throughput_x'], 2)} throughput, warm-up epochs dropped: {drop}",
+                          tokens=True))
     if pp:
         m = summary["config"].get("pipeline_n_chunk")
         labels = ["Model Parallel", f"Pipeline Parallel\n(M = {m})"]
@@ -85,11 +104,12 @@ def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]]) -> List[Pa
         made.append(_bars(out_dir / "pp_training_time.png", "Pipeline parallel: training time per epoch",
                           "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
                           [a["time_std"], b["time_std"]],
-                          f"{pp['speedup_time_reduction_x']:.2f}x faster, warm-up epochs dropped: {drop}"))
+                          f"{fmt.ratio(pp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}"))
         made.append(_bars(out_dir / "pp_tokens_per_second.png", "Pipeline parallel: throughput",
                           "tokens per second", labels, [a["tok_mean"], b["tok_mean"]],
                           [a["tok_std"], b["tok_std"]],
-                          f"{pp['speedup_throughput_x']:.2f}x throughput, warm-up epochs dropped: {drop}"))
+                          f"{fmt.ratio(pp['speedup_throughput_x'], 2)} throughput, warm-up epochs dropped: {drop}",
+                          tokens=True))
     return made
 
 
@@ -106,6 +126,7 @@ def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
         bottom += vals
     ax.set_xticks(x, [f"rank {r['rank']}" for r in rows])
     ax.set_ylabel(f"mean time per step ({unit})")
+    plain_axis(ax.yaxis)
     ax.set_title(f"Step time breakdown: {run.label()}\n({rows[0]['steps']} steps per rank after warm-up)",
                  fontsize=11)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
@@ -152,6 +173,7 @@ def world_size_plot(points: List[Dict], path) -> Path:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("tokens per second (all ranks)")
+    tokens_axis(ax.yaxis)
     ax.set_xticks(sorted({p["world_size"] for p in points}))
     ax.set_title("Throughput vs world size (mean ± std over epochs)", fontsize=11)
     ax.grid(alpha=0.3)
@@ -190,7 +212,7 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
     if mp:
         peak = n * mp[0]["tok_mean"]
         ax.axhline(mp[0]["tok_mean"], color="gray", ls="--", lw=1, label="model parallel (M = 1)")
-        how = "n x model-parallel"
+        how = "n × model-parallel"
     else:
         peak = max(p["tok_mean"] / (p["microbatches"] / (p["microbatches"] + n - 1)) for p in pipe)
         how = "fitted"
@@ -202,6 +224,7 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
     ax.set_ylim(bottom=0)
     ax.set_xlabel("micro-batches per step M (n_chunk)")
     ax.set_ylabel("tokens per second")
+    tokens_axis(ax.yaxis)
     ax.set_xticks(ms)
     ax.set_title("Pipeline throughput vs micro-batches", fontsize=11)
     ax.grid(alpha=0.3)

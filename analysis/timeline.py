@@ -21,6 +21,7 @@ from matplotlib.patches import Patch  # noqa: E402
 import numpy as np  # noqa: E402
 
 from analysis import metrics  # noqa: E402
+from analysis.plots import plain_axis  # noqa: E402
 from analysis.reader import Run, RunError  # noqa: E402
 from analysis.summary import write_json  # noqa: E402
 
@@ -86,6 +87,7 @@ def gantt(run: Run, path, step: Optional[int] = None) -> Path:
     ax.set_ylim(-0.6, n - 0.3)
     ax.set_xlim(0, span_ms * 1.01)
     ax.set_xlabel(f"time since the step started (ms); step {step}")
+    plain_axis(ax.xaxis)
     b = metrics.bubble(run)
     bub = f", idle {b['measured']:.0%} (ideal bubble {b['ideal']:.0%})" if b else ""
     boxes = "micro-batch number" if v == 1 else "micro-batch/stage, later stages hatched"
