@@ -31,7 +31,7 @@ using gpt2p::cli::UsageError;
 using gpt2p::comm::Communicator;
 
 struct BenchConfig {
-  gpt2p::comm::Backend backend = gpt2p::comm::Backend::kMpi;
+  gpt2p::comm::Backend backend = gpt2p::comm::Backend::kAuto;
   bool all_reduce = true;
   bool sendrecv = true;
   int64_t min_bytes = 1024;
@@ -79,11 +79,11 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
 
 BenchConfig parse_flags(int argc, char** argv, bool* run) {
   namespace po = gpt2p::cli::po;
-  std::string backend, op, min_bytes, max_bytes, dtype;
+  std::string op, min_bytes, max_bytes, dtype;
   BenchConfig c;
   po::options_description desc("comm_bench options");
   desc.add_options()(
-      "backend", po::value(&backend)->default_value("auto"),
+      "backend", gpt2p::cli::named_value(c.backend, "backend"),
       "mpi | nccl | auto (auto: nccl when built with CUDA and a GPU is present, else mpi)")(
       "op", po::value(&op)->default_value("all"), "all_reduce | sendrecv | all")(
       "min-bytes", po::value(&min_bytes)->default_value("1K"),
@@ -102,13 +102,11 @@ BenchConfig parse_flags(int argc, char** argv, bool* run) {
       "comm_bench", "Bandwidth of all_reduce and send/recv over message sizes (run under mpirun).",
       desc, argc, argv, vm);
   if (!*run) return c;
-  if (backend == "auto") {
-    backend = gpt2p::comm::nccl_available() && torch::cuda::is_available() ? "nccl" : "mpi";
+  if (c.backend == gpt2p::comm::Backend::kAuto) {
+    c.backend = gpt2p::comm::nccl_available() && torch::cuda::is_available()
+                    ? gpt2p::comm::Backend::kNccl
+                    : gpt2p::comm::Backend::kMpi;
   }
-  if (backend != "mpi" && backend != "nccl") {
-    throw UsageError("--backend '" + backend + "': use mpi, nccl or auto");
-  }
-  c.backend = gpt2p::comm::parse_backend(backend);
   if (op != "all" && op != "all_reduce" && op != "sendrecv") {
     throw UsageError("--op '" + op + "': use all_reduce, sendrecv or all");
   }

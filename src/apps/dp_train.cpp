@@ -1,16 +1,16 @@
 // Data-parallel GPT-2 training: mpirun -np N dp_train [options]; see --help.
 #include "gpt2p/cli/main_guard.h"
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/parallel/trainer.h"
 
 int main(int argc, char** argv) {
   using namespace gpt2p;
   return cli::run_guarded("dp_train", argc, argv, [](const Topology& topo, int argc, char** argv) {
-    cli::TrainConfig cfg;
+    parallel::TrainConfig cfg;
     bool train = true;  // false after --help
     // Every rank parses; a bad flag ends the job with one message and exit 2.
-    cli::on_every_rank([&] { train = cli::parse_train_args(cfg, cli::Program::kDataParallel, argc, argv); });
+    cli::on_every_rank([&] { train = parallel::parse_train_args(cfg, parallel::Program::kDataParallel, argc, argv); });
     if (!train) return 0;
-    return parallel::train_data_parallel(cfg, cli::Program::kDataParallel, topo);
+    return parallel::train_data_parallel(cfg, parallel::Program::kDataParallel, topo);
   });
 }

@@ -8,8 +8,8 @@
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/core/atomic_file.h"
-#include "gpt2p/core/compat.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/bpe_tokenizer.h"
@@ -17,13 +17,16 @@
 #include "gpt2p/data/special_tokens.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
+#include "gpt2p/parallel/train_options.h"
 
 namespace {
 
 using gpt2p::model::GPT2;
 
 struct EvalOptions {
-  std::string checkpoint, ids_jsonl, data, split, dump_logits, device, precision, vocab_dir;
+  std::string checkpoint, ids_jsonl, data, split, dump_logits, vocab_dir;
+  gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kCpu;
+  gpt2p::model::Precision precision = gpt2p::model::Precision::kFp32;
   int64_t batch_size = 8, max_len = 0, max_examples = 0;
 };
 
@@ -211,10 +214,10 @@ int main(int argc, char** argv) {
             "dump-logits", po::value(&o.dump_logits),
             "write the first sequence's logits [T, vocab_size] "
             "as raw little-endian float32 to this file (+ FILE.json with the shape)")(
-            "device", po::value(&o.device)->default_value("cpu"),
-            "cpu|cuda (cuda: GPU local_rank)")("precision",
-                                               po::value(&o.precision)->default_value("fp32"),
-                                               "fp32 (true fp32: no TF32)");
+            "device", gpt2p::cli::named_value(o.device, "device"),
+            "cpu | cuda (cuda: GPU local_rank; auto: cuda where there is one)")(
+            "precision", gpt2p::cli::named_value(o.precision, "precision"),
+            "fp32 only (true fp32: no TF32)");
         po::variables_map vm;
         if (!gpt2p::cli::parse_or_help("gpt2_eval", "Loss and perplexity of a GPT-2 checkpoint.",
                                        desc, ac, av, vm)) {
@@ -223,16 +226,17 @@ int main(int argc, char** argv) {
         if (o.ids_jsonl.empty() == o.data.empty()) {
           throw gpt2p::cli::UsageError("pass exactly one of --ids-jsonl and --data");
         }
-        if (o.device != "cpu" && o.device != "cuda") {
-          throw gpt2p::cli::UsageError("--device " + o.device + " is not cpu or cuda");
+        using gpt2p::parallel::DeviceKind;
+        if (o.device == DeviceKind::kAuto) {
+          o.device = torch::cuda::is_available() ? DeviceKind::kCuda : DeviceKind::kCpu;
         }
-        if (o.precision != "fp32") {
-          throw gpt2p::cli::UsageError("--precision " + o.precision +
+        if (o.precision != gpt2p::model::Precision::kFp32) {
+          throw gpt2p::cli::UsageError("--precision " + gpt2p::name_string(o.precision) +
                                        " is not supported: use fp32");
         }
         if (o.batch_size < 1) throw gpt2p::cli::UsageError("--batch-size must be >= 1");
         torch::Device device(torch::kCPU);
-        if (o.device == "cuda") {
+        if (o.device == DeviceKind::kCuda) {
           GPT2P_CHECK(torch::cuda::is_available(), "--device cuda but no CUDA device is available",
                       "run on a GPU machine with a CUDA build, or pass --device cpu");
           device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
@@ -245,7 +249,7 @@ int main(int argc, char** argv) {
         nlohmann::json out =
             o.data.empty() ? eval_ids(model, o, device) : eval_dataset(model, o, device);
         out["checkpoint"] = o.checkpoint;
-        out["device"] = o.device;
+        out["device"] = gpt2p::name_string(o.device);
         if (topo.rank == 0) std::cout << out.dump(2) << std::endl;
         return 0;
       });

@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/version.h"
 #include "gpt2p/kernels/fused_head.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/lm_head_loss.h"

@@ -14,25 +14,27 @@
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/core/atomic_file.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/parallel/run_context.h"
-#include "gpt2p/pipeline/plan.h"
+#include "gpt2p/pipeline/perf/planner.h"
 
 namespace {
 
 using gpt2p::cli::UsageError;
 
 struct Flags {
-  std::string precision = "fp32", device = "auto", json_out;
+  gpt2p::model::Precision precision = gpt2p::model::Precision::kFp32;
+  gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kAuto;
+  std::string json_out;
   std::string data = ".cache/data/ding-gpt2.h5";
   int64_t max_train_pairs = 5000;
   double loss_fraction = -1;  // -1: from --data
   int64_t vocab_size = 50260;
-  gpt2p::cli::TrainConfig model;  // preset and overrides, resolved as the trainers resolve them
+  gpt2p::parallel::TrainConfig model;  // preset and overrides, resolved as the trainers resolve them
   gpt2p::pipeline::PlanSpec spec;
 };
 
@@ -78,8 +80,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("stages", po::value(&s.stages)->default_value(s.stages), "pipeline stages (pp_train's ranks)")
       ("batch-size", po::value(&s.batch_size)->default_value(s.batch_size), "global batch, sequences per step")
       ("seq-len", po::value(&s.seq_len)->default_value(s.seq_len), "tokens per sequence")
-      ("precision", po::value(&f.precision)->default_value(f.precision), "fp32 | tf32 | bf16 (autocast), as pp_train")
-      ("device", po::value(&f.device)->default_value(f.device), "auto | cpu | cuda: where the layers are timed")
+      ("precision", gpt2p::cli::named_value(f.precision, "precision"), "as pp_train's --precision")
+      ("device", gpt2p::cli::named_value(f.device, "device"), "where the layers are timed (auto: cuda when built with CUDA and a GPU is present)")
       ("microbatches", po::value(&ms)->default_value(ms), "micro-batch counts M to predict, comma-separated (each must divide --batch-size)")
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
       ("zero-bubble", po::bool_switch(&s.zero_bubble), "also predict every pipeline row with pp_train --zero-bubble (split backwards, W's in the bubbles)")
@@ -101,15 +103,12 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   s.stages_per_rank = parse_list("stages-per-rank", vs);
   s.zb_extra_live = parse_list("zb-extra-live", zbs, -1);
   const bool cuda = gpt2p::compat::cuda_available();
-  if (f.device == "auto") f.device = cuda ? "cuda" : "cpu";
-  if (f.device != "cpu" && f.device != "cuda")
-    throw UsageError("--device '" + f.device + "': use auto, cpu or cuda");
-  if (f.device == "cuda" && !cuda)
+  using gpt2p::parallel::DeviceKind;
+  if (f.device == DeviceKind::kAuto) f.device = cuda ? DeviceKind::kCuda : DeviceKind::kCpu;
+  if (f.device == DeviceKind::kCuda && !cuda)
     throw UsageError("--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
-  if (f.model.preset.empty()) f.model.preset = f.device == "cuda" ? "gpt2" : "tiny";
-  if (f.precision != "fp32" && f.precision != "tf32" && f.precision != "bf16")
-    throw UsageError("--precision '" + f.precision + "': use fp32, tf32 or bf16");
-  s.bf16 = f.precision == "bf16";
+  if (f.model.preset.empty()) f.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
+  s.bf16 = f.precision == gpt2p::model::Precision::kBf16;
   if (s.stages < 1) throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
   if (s.batch_size < 1 || s.seq_len < 1) throw UsageError("--batch-size and --seq-len must be positive");
   if (s.reps < 1) throw UsageError("--reps must be at least 1");
@@ -143,18 +142,20 @@ double loss_fraction(const Flags& f) {
 int run(Flags f) {
   namespace pl = gpt2p::pipeline;
   f.spec.loss_fraction = loss_fraction(f);
-  gpt2p::cli::TrainConfig model = f.model;
+  gpt2p::parallel::TrainConfig model = f.model;
   model.seq_len = f.spec.seq_len;
   const auto config = gpt2p::parallel::model_config_for(model, f.vocab_size);
-  const c10::Device device = f.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  gpt2p::compat::set_strict_fp32(f.precision == "fp32");
+  const c10::Device device = f.device == gpt2p::parallel::DeviceKind::kCuda
+                                 ? c10::Device(c10::kCUDA, 0)
+                                 : c10::Device(c10::kCPU);
+  gpt2p::compat::set_strict_fp32(f.precision == gpt2p::model::Precision::kFp32);
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
   const pl::Plan plan = pl::make_plan(config, f.spec, device);
 
   std::printf("# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
               gpt2p::model::describe(config).c_str(), f.spec.stages,
               static_cast<long long>(f.spec.batch_size), static_cast<long long>(f.spec.seq_len),
-              f.precision.c_str(), where.c_str(), f.spec.loss_fraction);
+              gpt2p::name_string(f.precision).c_str(), where.c_str(), f.spec.loss_fraction);
   std::printf("# layer times, ms per micro-batch (forward + backward)\n");
   std::printf("# (stage: what a stage's forward + backward call costs beyond its layers)\n");
   std::printf("# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head", "head/block",
@@ -169,7 +170,7 @@ int run(Flags f) {
               "V", "M", "rows", "step_ms", "speedup", "ideal", "idle");
   for (const auto& r : plan.rows) {
     const std::string schedule = r.schedule == "model_parallel" ? "mp" : r.schedule + zb_tag(r);
-    std::printf("%-9s %-24s %-18s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", r.partition.c_str(),
+    std::printf("%-9s %-24s %-18s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", gpt2p::name_string(r.partition).c_str(),
                 r.split.c_str(), schedule.c_str(),
                 r.stages_per_rank, r.microbatches,
                 static_cast<long long>(f.spec.batch_size / r.microbatches),
@@ -190,14 +191,14 @@ int run(Flags f) {
              : std::string());
     std::printf("# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
                 "%.2fx model_parallel\n",
-                best->partition.c_str(), best->schedule.c_str(), extra.c_str(), best->microbatches,
+                gpt2p::name_string(best->partition).c_str(), best->schedule.c_str(), extra.c_str(), best->microbatches,
                 1e3 * best->step_s, best->speedup);
   }
   if (!f.json_out.empty()) {
     nlohmann::json doc = pl::to_json(plan, static_cast<int>(config.n_layer));
     doc.update({{"program", "pp_plan"}, {"model", gpt2p::model::describe(config)},
                 {"stages", f.spec.stages}, {"batch_size", f.spec.batch_size},
-                {"seq_len", f.spec.seq_len}, {"precision", f.precision}, {"device", where},
+                {"seq_len", f.spec.seq_len}, {"precision", gpt2p::name_string(f.precision)}, {"device", where},
                 {"link_gbs", f.spec.link_gbs}, {"loss_fraction", f.spec.loss_fraction}});
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }

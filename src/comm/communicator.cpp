@@ -63,15 +63,6 @@ std::vector<WorkPtr> Communicator::batch_isend_irecv(std::vector<P2POp>& ops) {
 
 const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "avg"; }
 
-const char* backend_name(Backend backend) { return backend == Backend::kMpi ? "mpi" : "nccl"; }
-
-Backend parse_backend(const std::string& name) {
-  if (name == "mpi") return Backend::kMpi;
-  if (name == "nccl") return Backend::kNccl;
-  GPT2P_FAIL("unknown communication backend '" << name << "'",
-             "use 'mpi' (CPU tensors) or 'nccl' (CUDA tensors, CUDA builds only)");
-}
-
 bool nccl_available() {
 #ifdef GPT2P_WITH_CUDA
   return true;
@@ -176,6 +167,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
 }
 
 std::unique_ptr<Communicator> make_communicator(const CommOptions& options, MPI_Comm comm) {
+  GPT2P_CHECK(options.backend != Backend::kAuto, "make_communicator: backend auto is not resolved",
+              "this is a bug: pick kMpi or kNccl before making the communicator");
   if (options.backend == Backend::kMpi) {
     MpiOptions mpi;
     mpi.check_sizes = options.check_sizes;

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::kernels {

@@ -383,7 +383,7 @@ GPT2Config checkpoint_config(const std::string& dir) {
 
 LayerRange checkpoint_range(const std::string& dir) {
   const auto r = read_meta(dir).at("layer_range");
-  return LayerRange{r.at(0).get<int64_t>(), r.at(1).get<int64_t>()};
+  return LayerRange{r.at(0).get<int>(), r.at(1).get<int>()};
 }
 
 TrainState read_train_state(const std::string& dir) {

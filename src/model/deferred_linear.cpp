@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::model {

@@ -27,7 +27,7 @@ double training_flops(const GPT2Config& c, int64_t begin, int64_t end, int64_t t
   return flops;
 }
 
-double peak_flops(const std::string& gpu_name, const std::string& precision) {
+double peak_flops(const std::string& gpu_name, Precision precision) {
   if (const char* env = std::getenv("GPT2P_PEAK_TFLOPS"); env != nullptr && *env != '\0') {
     return std::atof(env) * 1e12;
   }
@@ -47,7 +47,9 @@ double peak_flops(const std::string& gpu_name, const std::string& precision) {
   };
   for (const auto& p : kPeaks) {
     if (gpu_name.find(p.name) == std::string::npos) continue;
-    const double t = precision == "bf16" ? p.bf16 : precision == "tf32" ? p.tf32 : p.fp32;
+    const double t = precision == Precision::kBf16   ? p.bf16
+                   : precision == Precision::kTf32 ? p.tf32
+                                                   : p.fp32;
     return t * 1e12;
   }
   return 0;

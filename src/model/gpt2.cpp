@@ -2,7 +2,9 @@
 
 #include <cmath>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/attention.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
 #if GPT2P_WITH_CUDA
 #include "gpt2p/kernels/fused_linear.h"
@@ -111,10 +113,12 @@ std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_fused(const torch::Te
 // ---------------------------------------------------------------------------------------------
 // GPT2
 // ---------------------------------------------------------------------------------------------
+GPT2Impl::GPT2Impl(const GPT2Config& config)
+    : GPT2Impl(config, LayerRange{0, static_cast<int>(config.num_stage_layers())}) {}
+
 GPT2Impl::GPT2Impl(const GPT2Config& config, LayerRange range) : config_(config), range_(range) {
   config_.validate();
   const int64_t n = config_.num_stage_layers();
-  if (range_.end == -1) range_.end = n;
   GPT2P_CHECK(range_.begin >= 0 && range_.begin < range_.end && range_.end <= n,
               "layer range [" << range.begin << ", " << range.end << ") is not a non-empty part of "
                               << "the model's " << n << " layers [0, " << n << ")",
@@ -192,6 +196,8 @@ void GPT2Impl::set_embedding_grad_sink(EmbeddingGradSink sink) {
 }
 
 void GPT2Impl::set_kernels(Kernels kernels) {
+  GPT2P_CHECK(kernels != Kernels::kAuto, "set_kernels(kAuto): the request is not resolved",
+              "pass model::resolve_kernels(requested, cuda_device)");
   kernels_ = kernels;
   if (!h) return;
   for (const auto& block : h->values()) {

@@ -10,17 +10,6 @@
 
 namespace gpt2p::model {
 
-LossPositions parse_loss_positions(const std::string& name) {
-  if (name == "targets") return LossPositions::kTargets;
-  if (name == "all") return LossPositions::kAll;
-  GPT2P_FAIL("--loss-positions " << name << " is not known",
-             "pass --loss-positions targets (the head only where the loss counts) or all");
-}
-
-const char* to_string(LossPositions positions) {
-  return positions == LossPositions::kTargets ? "targets" : "all";
-}
-
 std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor& mask, int parts,
                                 double scale, LossPositions positions) {
   GPT2P_CHECK(labels.dim() == 2 && mask.sizes() == labels.sizes(),

@@ -6,7 +6,7 @@
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/core/atomic_file.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::parallel {

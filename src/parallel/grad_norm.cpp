@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/version.h"
 
 namespace gpt2p::parallel {
 

@@ -284,20 +284,21 @@ class BucketedSync final : public GradSync {
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_grad_sync(const std::string& mode, comm::Communicator* comm,
+std::unique_ptr<GradSync> make_no_sync() { return std::make_unique<NoSync>(); }
+
+std::unique_ptr<GradSync> make_grad_sync(GradSyncMode mode, comm::Communicator* comm,
                                          const std::vector<torch::Tensor>& params,
                                          double bucket_mb, torch::ScalarType reduce_dtype,
                                          const torch::Tensor& tied_embedding) {
-  if (mode == "none") return std::make_unique<NoSync>();
-  GPT2P_CHECK(comm != nullptr, "gradient sync '" << mode << "' needs a communicator", "this is a bug");
+  GPT2P_CHECK(comm != nullptr, "gradient sync '" << name_of(mode) << "' needs a communicator",
+              "this is a bug");
   GPT2P_CHECK(!params.empty(), "no parameters to synchronise", "this is a bug");
-  if (mode == "per-param") return std::make_unique<PerParamSync>(comm, params, reduce_dtype);
-  if (mode == "bucketed") {
-    GPT2P_CHECK(bucket_mb > 0, "--bucket-mb " << bucket_mb << " is not positive",
-                "pass a bucket size in MiB, e.g. 25");
-    return std::make_unique<BucketedSync>(comm, params, bucket_mb, reduce_dtype, tied_embedding);
+  if (mode == GradSyncMode::kPerParam) {
+    return std::make_unique<PerParamSync>(comm, params, reduce_dtype);
   }
-  GPT2P_FAIL("unknown --grad-sync '" << mode << "'", "use per-param or bucketed");
+  GPT2P_CHECK(bucket_mb > 0, "--bucket-mb " << bucket_mb << " is not positive",
+              "pass a bucket size in MiB, e.g. 25");
+  return std::make_unique<BucketedSync>(comm, params, bucket_mb, reduce_dtype, tied_embedding);
 }
 
 }  // namespace gpt2p::parallel

@@ -8,7 +8,9 @@
 #include <optional>
 
 #include "gpt2p/cli/main_guard.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/adamw.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
@@ -20,8 +22,9 @@
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
 #include "gpt2p/parallel/training_loop.h"
-#include "gpt2p/pipeline/executor.h"
-#include "gpt2p/pipeline/zero_bubble.h"
+#include "gpt2p/parallel/pipeline_grads.h"
+#include "gpt2p/pipeline/runtime/executor.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -127,9 +130,9 @@ class PipelineStep final : public StepStrategy {
     rec.data = since(t0);
     const auto times = executor_.run_step(rec.step, rec.start + rec.data);
     clock_.mark(0);
-    pipeline::sync_tied_gradient(models_, *ctx_.comm);
+    parallel::sync_tied_gradient(models_, *ctx_.comm);
     clock_.mark(1);
-    if (cfg_.grad_clip > 0) pipeline::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
+    if (cfg_.grad_clip > 0) parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
     for (size_t c = 0; c < models_.size(); ++c) {
       optimizers_[c]->step();
       for (auto& p : models_[c]->parameters()) p.mutable_grad() = torch::Tensor();
@@ -191,7 +194,7 @@ class PipelineStep final : public StepStrategy {
 
  private:
   const RunContext& ctx_;
-  const cli::TrainConfig& cfg_;
+  const parallel::TrainConfig& cfg_;
   TrainData& data_;
   io::RunRecorder& recorder_;
   std::vector<model::GPT2>& models_;
@@ -208,16 +211,16 @@ class PipelineStep final : public StepStrategy {
 
 }  // namespace
 
-int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
+int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
-  auto ctx = make_run_context(cfg_in, cli::Program::kPipeline, topo);
+  auto ctx = make_run_context(cfg_in, parallel::Program::kPipeline, topo);
   const auto& cfg = ctx.cfg;
   const int n = topo.size, rank = topo.rank;
-  const int m = cfg.mode == "model_parallel" ? 1 : cfg.microbatches;
+  const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
   GPT2P_CHECK(cfg.batch_size % m == 0,
               "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
               "pick --microbatches dividing --batch-size");
-  const bool bf16 = cfg.precision == "bf16";
+  const bool bf16 = cfg.precision == model::Precision::kBf16;
   const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
   GPT2P_CHECK(v == 1 || n >= 2,
@@ -231,12 +234,12 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   std::optional<TrainData> opened;
   open_train_data(ctx, /*rank=*/0, /*world=*/1, opened);
   TrainData& data = *opened;
-  const auto positions = model::parse_loss_positions(cfg.loss_positions);
+  const auto positions = cfg.loss_positions;
   // The head's cost depends on how many positions it runs at: the data's share of targets.
   const double loss_share =
       positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
-  if (cfg.partition == "measured" && cfg.resume.empty()) {
+  if (cfg.partition == pipeline::PartitionKind::kMeasured && cfg.resume.empty()) {
     costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
                                  bf16, loss_share);
     compat::reset_peak_memory(ctx.device);
@@ -251,7 +254,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
       ctx.checkpoint_timeout());
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
-  const auto kind = pipeline::parse_schedule_kind(cfg.schedule);
+  const auto kind = cfg.schedule;
 
   torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
   // This rank's stages, each with its own optimizer and checkpoint directory.
@@ -261,7 +264,7 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
   for (int c = 0; c < v; ++c) {
     const int s = rank + c * n;
     const auto range = split[static_cast<size_t>(s)];
-    model::GPT2 model(ctx.model_config, model::LayerRange{range.begin, range.end});
+    model::GPT2 model(ctx.model_config, range);
     model->reset_parameters(cfg.seed);
     if (!cfg.init_from.empty()) {
       cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
@@ -339,10 +342,12 @@ int train_pipeline(const cli::TrainConfig& cfg_in, const Topology& topo) {
         "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n"
         "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
         n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
-        model::describe(ctx.model_config).c_str(), cfg.mode.c_str(), cfg.schedule.c_str(), m,
+        model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
+        name_string(cfg.schedule).c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-        cfg.resume.empty() ? cfg.partition.c_str() : "checkpoint's",
-        pipeline::to_string(split).c_str(), cfg.loss_positions.c_str(), data.target_fraction(),
+        cfg.resume.empty() ? name_string(cfg.partition).c_str() : "checkpoint's",
+        pipeline::to_string(split).c_str(), name_string(cfg.loss_positions).c_str(),
+        data.target_fraction(),
         ctx.describe_kernels().c_str());
     if (!costs.empty()) {
       std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"

@@ -12,7 +12,9 @@
 #include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/attention.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
@@ -24,7 +26,7 @@ namespace {
 
 // What must hold before a run starts, checked on every rank (cli::on_every_rank): --out can be
 // written, and a fresh run does not replace a checkpoint that is already there.
-void check_output(const cli::TrainConfig& cfg) {
+void check_output(const parallel::TrainConfig& cfg) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
@@ -60,9 +62,9 @@ struct Placement {
   bool shared_gpus = false;
 };
 
-Placement place_rank(const cli::TrainConfig& cfg, const Topology& topo,
+Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
                      std::chrono::milliseconds timeout) {
-  const bool gpu = cfg.device == "cuda";
+  const bool gpu = cfg.device == parallel::DeviceKind::kCuda;
   const int gpus = gpu ? static_cast<int>(torch::cuda::device_count()) : 0;
   int own = !gpu || topo.local_size <= gpus ? 1 : 0;  // every rank of this node has its own GPU
   allreduce_ints(&own, 1, MPI_MIN, MPI_COMM_WORLD, timeout, "placing the ranks on GPUs");
@@ -70,12 +72,12 @@ Placement place_rank(const cli::TrainConfig& cfg, const Topology& topo,
   cli::on_every_rank(
       [&] {
         if (!gpu) {
-          if (cfg.comm == "nccl") {
+          if (cfg.comm == comm::Backend::kNccl) {
             throw cli::UsageError("--comm nccl needs --device cuda -- fix: use --comm auto or mpi");
           }
           return;
         }
-        if (cfg.comm == "nccl" && topo.local_size > gpus) {
+        if (cfg.comm == comm::Backend::kNccl && topo.local_size > gpus) {
           throw cli::UsageError(
               "--comm nccl: " + std::to_string(topo.local_size) + " ranks on " + topo.host +
               " share " + std::to_string(gpus) +
@@ -88,23 +90,24 @@ Placement place_rank(const cli::TrainConfig& cfg, const Topology& topo,
   if (!gpu) return p;
   p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % gpus));
   p.shared_gpus = own == 0;
-  p.backend = cfg.comm == "mpi" || p.shared_gpus ? comm::Backend::kMpi : comm::Backend::kNccl;
+  p.backend = cfg.comm == comm::Backend::kMpi || p.shared_gpus ? comm::Backend::kMpi
+                                                                 : comm::Backend::kNccl;
   return p;
 }
 
 }  // namespace
 
-RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const Topology& topo) {
+RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program, const Topology& topo) {
   std::optional<data::BpeTokenizer> tokenizer;
   cli::on_every_rank([&] {
-    cli::resolve_train_config(cfg, program, compat::cuda_available());
+    parallel::resolve_train_config(cfg, program, compat::cuda_available());
     compat::set_attention_backend(cfg.attention);
     if (!cfg.profile.empty()) compat::Profiler::require_available();
     check_output(cfg);
     tokenizer.emplace(data::BpeTokenizer::from_dir(cfg.vocab_dir));
   });
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
-  cli::check_same_config(cli::to_json(cfg), timeout);
+  cli::check_same_config(parallel::to_json(cfg), timeout);
   const auto special = data::register_special_tokens(*tokenizer);
   const Placement placement = place_rank(cfg, topo, timeout);
   RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
@@ -128,10 +131,10 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
     const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
     torch::set_num_threads(static_cast<int>(std::max(1U, cores / static_cast<unsigned>(topo.local_size))));
   }
-  compat::set_strict_fp32(ctx.cfg.precision == "fp32");
+  compat::set_strict_fp32(ctx.cfg.precision == model::Precision::kFp32);
   ctx.comm = comm::make_communicator(copts);
-  if (program == cli::Program::kPipeline) ctx.grad_comm = comm::make_communicator(copts);
-  if (program == cli::Program::kPipeline && ctx.cfg.stages_per_rank > 1) {
+  if (program == parallel::Program::kPipeline) ctx.grad_comm = comm::make_communicator(copts);
+  if (program == parallel::Program::kPipeline && ctx.cfg.stages_per_rank > 1) {
     ctx.act_wrap_comm = comm::make_communicator(copts);
     ctx.grad_wrap_comm = comm::make_communicator(copts);
   }
@@ -140,10 +143,12 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
   control.timeout = timeout;
   ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
-  ctx.kernels = model::parse_kernels(ctx.cfg.kernels, ctx.device.is_cuda());
+  ctx.kernels = model::resolve_kernels(ctx.cfg.kernels, ctx.device.is_cuda());
   const auto& mc = ctx.model_config;
   ctx.attention = compat::attention_backend(
-      ctx.device, ctx.cfg.precision == "bf16" && ctx.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32,
+      ctx.device,
+      ctx.cfg.precision == model::Precision::kBf16 && ctx.device.is_cuda() ? torch::kBFloat16
+                                                                           : torch::kFloat32,
       mc.n_head, ctx.cfg.seq_len, mc.head_dim(), mc.dropout);
   ctx.peak_flops = ctx.device.is_cuda()
                        ? model::peak_flops(compat::device_name(ctx.device), ctx.cfg.precision)
@@ -152,7 +157,7 @@ RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const To
 }
 
 std::string RunContext::describe_kernels() const {
-  return std::string("kernels ") + model::to_string(kernels) + ", attention " + attention;
+  return "kernels " + name_string(kernels) + ", attention " + attention;
 }
 
 void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data) {
@@ -167,7 +172,7 @@ void open_train_data(const RunContext& ctx, int rank, int world, std::optional<T
       ctx.checkpoint_timeout());
 }
 
-model::GPT2Config model_config_for(const cli::TrainConfig& cfg, int64_t vocab_size) {
+model::GPT2Config model_config_for(const parallel::TrainConfig& cfg, int64_t vocab_size) {
   auto c = model::preset(cfg.preset);
   if (cfg.n_layer > 0) c.n_layer = cfg.n_layer;
   if (cfg.n_head > 0) c.n_head = cfg.n_head;
@@ -231,7 +236,7 @@ void init_from(model::GPT2& model, const std::string& dir) {
 io::RunIdentity run_identity(const RunContext& ctx, const char* program) {
   io::RunIdentity id;
   id.program = program;
-  auto j = cli::to_json(ctx.cfg);
+  auto j = parallel::to_json(ctx.cfg);
   j["model"] = model::to_json(ctx.model_config);
   j["world_size"] = ctx.topo.size;
   id.config_json = j.dump();

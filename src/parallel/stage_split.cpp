@@ -7,11 +7,11 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/checkpoint_commit.h"
-#include "gpt2p/pipeline/layer_profile.h"
+#include "gpt2p/pipeline/perf/layer_profile.h"
 
 namespace gpt2p::parallel {
 
-pipeline::Partition stage_partition(const std::string& partition, const model::GPT2Config& config,
+pipeline::Partition stage_partition(pipeline::PartitionKind partition, const model::GPT2Config& config,
                                     int n_stages, int64_t seq_len,
                                     const std::vector<double>& measured_costs,
                                     int stages_per_rank, double loss_fraction) {
@@ -22,16 +22,16 @@ pipeline::Partition stage_partition(const std::string& partition, const model::G
     return pipeline::partition_interleaved(costs, n_stages / stages_per_rank, stages_per_rank);
   };
   const int blocks = static_cast<int>(config.n_layer);
-  if (partition == "uniform") return pipeline::partition_uniform(blocks, n_stages);
-  if (partition == "measured") {
+  if (partition == pipeline::PartitionKind::kUniform) {
+    return pipeline::partition_uniform(blocks, n_stages);
+  }
+  if (partition == pipeline::PartitionKind::kMeasured) {
     GPT2P_CHECK(measured_costs.size() == static_cast<size_t>(blocks) + 2,
                 "--partition measured: " << measured_costs.size() << " layer costs for a model of "
                                          << blocks << " blocks (expected " << blocks + 2 << ")",
                 "measure them with measured_layer_costs() for this model");
     return balance(measured_costs);
   }
-  GPT2P_CHECK(partition == "balanced", "--partition " << partition << " is not a known split",
-              "pass --partition uniform, balanced or measured");
   const auto costs = pipeline::layer_costs_flops(
       blocks, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
       static_cast<int>(seq_len), static_cast<int>(config.padded_vocab_size()), loss_fraction);

@@ -6,7 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/stop_signal.h"
 
@@ -91,7 +92,7 @@ struct StepProfiler::Impl {
   bool prints = false;
 };
 
-StepProfiler::StepProfiler(const cli::TrainConfig& cfg, const torch::Device& device, int rank,
+StepProfiler::StepProfiler(const parallel::TrainConfig& cfg, const torch::Device& device, int rank,
                            int64_t first_step) {
   if (cfg.profile.empty()) return;
   impl_ = std::make_unique<Impl>(device,

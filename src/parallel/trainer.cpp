@@ -7,7 +7,9 @@
 #include <optional>
 
 #include "gpt2p/cli/main_guard.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/adamw.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
@@ -42,8 +44,8 @@ class DataParallelStep final : public StepStrategy {
         sync_(sync),
         world_(ctx.topo.size),
         micro_(data.local_batch() / ctx.cfg.grad_accum),
-        bf16_(ctx.cfg.precision == "bf16"),
-        positions_(model::parse_loss_positions(ctx.cfg.loss_positions)),
+        bf16_(ctx.cfg.precision == model::Precision::kBf16),
+        positions_(ctx.cfg.loss_positions),
         clock_(ctx.device, 2 * ctx.cfg.grad_accum + 3) {}
 
   void set_training(bool training) override { training ? model_->train() : model_->eval(); }
@@ -182,7 +184,7 @@ class DataParallelStep final : public StepStrategy {
   }
 
   const RunContext& ctx_;
-  const cli::TrainConfig& cfg_;
+  const parallel::TrainConfig& cfg_;
   TrainData& data_;
   model::GPT2 model_;
   std::vector<torch::Tensor> params_;
@@ -199,12 +201,12 @@ class DataParallelStep final : public StepStrategy {
 
 }  // namespace
 
-int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, const Topology& topo) {
-  const char* name = program == cli::Program::kSingle ? "gpt2_train" : "dp_train";
+int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program program, const Topology& topo) {
+  const char* name = program == parallel::Program::kSingle ? "gpt2_train" : "dp_train";
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, program, topo);
   const auto& cfg = ctx.cfg;
-  GPT2P_CHECK(program != cli::Program::kSingle || topo.size == 1,
+  GPT2P_CHECK(program != parallel::Program::kSingle || topo.size == 1,
               "gpt2_train is the single-rank trainer but runs on " << topo.size << " ranks",
               "use mpirun -np N dp_train for data parallelism");
   const int world = topo.size;
@@ -246,10 +248,13 @@ int train_data_parallel(const cli::TrainConfig& cfg_in, cli::Program program, co
         ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
   }
-  const auto reduce_dtype = cfg.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  auto sync = make_grad_sync(world == 1 ? "none" : cfg.grad_sync, ctx.comm.get(), params,
-                             cfg.bucket_mb, reduce_dtype,
-                             cfg.embedding_sync == "sparse" ? model->tied_parameter() : torch::Tensor());
+  const auto reduce_dtype =
+      cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  const auto tied = cfg.embedding_sync == EmbeddingSync::kSparse ? model->tied_parameter()
+                                                                 : torch::Tensor();
+  auto sync = world == 1 ? make_no_sync()
+                         : make_grad_sync(cfg.grad_sync, ctx.comm.get(), params, cfg.bucket_mb,
+                                          reduce_dtype, tied);
   if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
 
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).

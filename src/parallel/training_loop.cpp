@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "gpt2p/cli/main_guard.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/parallel/checkpoint_commit.h"
 #include "gpt2p/parallel/train_common.h"
 
@@ -23,7 +23,7 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
   int64_t step = state.step;
   const auto save = [&](int64_t epoch, int64_t next_batch) {
     const auto at = resume_point(epoch, next_batch, per_epoch);
-    strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, cli::to_json(cfg), {}});
+    strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, parallel::to_json(cfg), {}});
   };
   double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
   const auto stopped = [&](int signal) {

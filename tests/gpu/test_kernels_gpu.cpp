@@ -10,7 +10,8 @@
 
 #include <cmath>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/attention.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/kernels/fused_head.h"
 #include "gpt2p/kernels/fused_linear.h"
 #include "gpt2p/model/gpt2.h"
@@ -234,11 +235,11 @@ void check_model(model::LayerRange range, bool bf16, double loss_tol, double gra
       loss[i].backward();
       ++i;
     }
-    EXPECT_LT(rel_diff(loss[1], loss[0]), loss_tol) << to_string(positions);
+    EXPECT_LT(rel_diff(loss[1], loss[0]), loss_tol) << name_of(positions);
     const auto pr = ref->named_parameters(), pf = fused->named_parameters();
     for (const auto& item : pr) {
       EXPECT_LT(rel_diff(pf[item.key()].grad(), item.value().grad()), grad_tol)
-          << item.key() << " " << to_string(positions) << (bf16 ? " bf16" : " fp32");
+          << item.key() << " " << name_of(positions) << (bf16 ? " bf16" : " fp32");
     }
   }
 }
@@ -311,9 +312,9 @@ TEST(FusedHeadModel, MiddlePipelineStageBFloat16) {
 
 TEST(AttentionBackend, NamesTheKernelThatRuns) {
   GPT2P_REQUIRE_GPU();
-  compat::set_attention_backend("math");
+  compat::set_attention_backend(compat::Attention::kMath);
   EXPECT_EQ(compat::attention_backend(kGpu, torch::kBFloat16, 12, 1024, 64, 0.0), "math");
-  compat::set_attention_backend("auto");
+  compat::set_attention_backend(compat::Attention::kAuto);
   const auto chosen = compat::attention_backend(kGpu, torch::kBFloat16, 12, 1024, 64, 0.0);
   EXPECT_TRUE(chosen == "flash" || chosen == "cudnn" || chosen == "efficient") << chosen;
 }

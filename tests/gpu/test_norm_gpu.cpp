@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/kernels/fused_norm.h"
 #include "gpt2p/kernels/layer_norm.h"

@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "gpt2p/comm/communicator.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
-#include "gpt2p/pipeline/executor.h"
-#include "gpt2p/pipeline/zero_bubble.h"
+#include "gpt2p/parallel/pipeline_grads.h"
+#include "gpt2p/pipeline/runtime/executor.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -93,13 +95,13 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
     SCOPED_TRACE(pipeline::to_string(c.kind) + " x" + std::to_string(c.per_rank) +
                  " M=" + std::to_string(c.m) + (c.zero_bubble ? " zero-bubble" : ""));
     const auto split =
-        parallel::stage_partition("balanced", config, n * c.per_rank, kSeq, {}, c.per_rank);
+        parallel::stage_partition(pipeline::PartitionKind::kBalanced, config, n * c.per_rank, kSeq, {}, c.per_rank);
     std::vector<model::GPT2> models;
     std::vector<std::unique_ptr<pipeline::GptStage>> stages;
     std::vector<pipeline::Stage*> ptrs;
     for (int k = 0; k < c.per_rank; ++k) {
       const auto r = split[static_cast<size_t>(rank + k * n)];
-      models.emplace_back(config, model::LayerRange{r.begin, r.end});
+      models.emplace_back(config, r);
       models.back()->reset_parameters(kSeed);
       models.back()->to(device);
       stages.push_back(std::make_unique<pipeline::GptStage>(
@@ -118,7 +120,7 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
     pipeline::Executor executor(ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
                                 device);
     executor.run_step(0, 0.0);
-    pipeline::sync_tied_gradient(models, *comms[0]);
+    parallel::sync_tied_gradient(models, *comms[0]);
     double sum = 0;
     for (auto& s : stages) sum += s->take_loss();
     auto loss = torch::tensor({sum}, torch::kFloat64).to(device);

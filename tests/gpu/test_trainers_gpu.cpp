@@ -32,10 +32,10 @@ class TrainersOnGpu : public gpt2p::testing::TrainerTest {
     ASSERT_EQ(cpu.size(), steps);
     for (size_t i = 0; i < steps; ++i) EXPECT_NEAR(gpu[i], cpu[i], rel_tol * cpu[i]) << i;
   }
-  cli::TrainConfig on(cli::TrainConfig c, const std::string& device) const {
+  parallel::TrainConfig on(parallel::TrainConfig c, const std::string& device) const {
     c.out += "-" + device;
     c.device = device;
-    c.precision = "fp32";
+    c.precision = gpt2p::model::Precision::kFp32;
     c.save_every = -1;
     return c;
   }
@@ -47,7 +47,7 @@ TEST_F(TrainersOnGpu, DataParallelLossesEqualTheCpuRun) {
     c.grad_sync = sync;
     c.bucket_mb = 0.05;
     for (const char* device : {"cuda", "cpu"}) {
-      ASSERT_EQ(train_data_parallel(on(c, device), cli::Program::kDataParallel, topo), 0);
+      ASSERT_EQ(train_data_parallel(on(c, device), parallel::Program::kDataParallel, topo), 0);
     }
     expect_cuda_equals_cpu(std::string("dp-") + sync, 3, 1e-4);
   }
@@ -70,7 +70,7 @@ TEST_F(TrainersOnGpu, EveryPipelineScheduleEqualsTheCpuRun) {
     if (12 % k.microbatches != 0) continue;
     SCOPED_TRACE(k.name);
     auto c = config(std::string("pp-") + k.name, 3, /*blocks=*/8);
-    c.mode = "pipeline";
+    c.mode = gpt2p::parallel::PipelineMode::kPipeline;
     c.schedule = k.schedule;
     c.microbatches = k.microbatches;
     c.zero_bubble = k.zero_bubble;

@@ -84,8 +84,11 @@ StepResult train_step(const data::Split& split, int64_t first, int64_t count,
   model->reset_parameters(kModelSeed);
   auto params = model->parameters();
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(kLr));
-  auto sync = make_grad_sync(spec.sync, comm, params, spec.bucket_mb, spec.reduce_dtype,
-                             spec.sparse_embedding ? model->tied_parameter() : torch::Tensor());
+  const auto tied = spec.sparse_embedding ? model->tied_parameter() : torch::Tensor();
+  auto sync = spec.sync == "none"
+                  ? make_no_sync()
+                  : make_grad_sync(*from_name<GradSyncMode>(spec.sync), comm, params,
+                                   spec.bucket_mb, spec.reduce_dtype, tied);
   if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
 
   std::vector<int64_t> rows(static_cast<size_t>(count));

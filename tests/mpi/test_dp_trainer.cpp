@@ -20,16 +20,16 @@ using gpt2p::testing::read_column;
 
 class DataParallelTrainer : public gpt2p::testing::TrainerTest {
  protected:
-  cli::TrainConfig config(const std::string& out, int64_t max_steps) const {
+  parallel::TrainConfig config(const std::string& out, int64_t max_steps) const {
     auto c = TrainerTest::config(out, max_steps);
-    c.grad_sync = "bucketed";
+    c.grad_sync = gpt2p::parallel::GradSyncMode::kBucketed;
     c.bucket_mb = 0.05;
     return c;
   }
 };
 
 TEST_F(DataParallelTrainer, WritesRankFilesAndResumesAtTheRightStep) {
-  ASSERT_EQ(train_data_parallel(config("a", 2), cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(config("a", 2), parallel::Program::kDataParallel, topo), 0);
   const auto a = rank_file("a");
   ASSERT_TRUE(fs::exists(a)) << a;
   EXPECT_EQ(read_column(a, "/steps/step"), (std::vector<double>{0, 1}));
@@ -55,8 +55,8 @@ TEST_F(DataParallelTrainer, WritesRankFilesAndResumesAtTheRightStep) {
   // Resuming from step 2 runs step 2 exactly as a run that never stopped.
   auto resumed = config("b", 3);
   resumed.resume = dir + "/a/checkpoint";
-  ASSERT_EQ(train_data_parallel(resumed, cli::Program::kDataParallel, topo), 0);
-  ASSERT_EQ(train_data_parallel(config("c", 3), cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(resumed, parallel::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(config("c", 3), parallel::Program::kDataParallel, topo), 0);
   EXPECT_EQ(read_column(rank_file("b"), "/steps/step"), (std::vector<double>{2}));
   EXPECT_EQ(read_column(rank_file("b"), "/steps/epoch"), (std::vector<double>{0}));
   expect_resume_continues_the_run(1e-6);
@@ -64,19 +64,19 @@ TEST_F(DataParallelTrainer, WritesRankFilesAndResumesAtTheRightStep) {
 
 TEST_F(DataParallelTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   auto all = config("all", 3);
-  all.loss_positions = "all";
-  ASSERT_EQ(train_data_parallel(config("targets", 3), cli::Program::kDataParallel, topo), 0);
-  ASSERT_EQ(train_data_parallel(all, cli::Program::kDataParallel, topo), 0);
+  all.loss_positions = gpt2p::model::LossPositions::kAll;
+  ASSERT_EQ(train_data_parallel(config("targets", 3), parallel::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(all, parallel::Program::kDataParallel, topo), 0);
   expect_same_losses("targets", "all", 3);
 }
 
 TEST_F(DataParallelTrainer, SparseAndDenseEmbeddingSyncTrainTheSame) {
   auto dense = config("dense", 3);
-  dense.embedding_sync = "dense";
+  dense.embedding_sync = gpt2p::parallel::EmbeddingSync::kDense;
   auto sparse = config("sparse", 3);
-  sparse.embedding_sync = "sparse";
-  ASSERT_EQ(train_data_parallel(sparse, cli::Program::kDataParallel, topo), 0);
-  ASSERT_EQ(train_data_parallel(dense, cli::Program::kDataParallel, topo), 0);
+  sparse.embedding_sync = gpt2p::parallel::EmbeddingSync::kSparse;
+  ASSERT_EQ(train_data_parallel(sparse, parallel::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(dense, parallel::Program::kDataParallel, topo), 0);
   expect_same_losses("sparse", "dense", 3);
 }
 
@@ -95,11 +95,11 @@ TEST_F(DataParallelTrainer, ResumeWithDropoutIsBitwiseOnEveryRank) {
     c.dropout = 0.1;
     return c;
   };
-  ASSERT_EQ(train_data_parallel(with_dropout("a", 2), cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(with_dropout("a", 2), parallel::Program::kDataParallel, topo), 0);
   auto resumed = with_dropout("b", 3);
   resumed.resume = dir + "/a/checkpoint";
-  ASSERT_EQ(train_data_parallel(resumed, cli::Program::kDataParallel, topo), 0);
-  ASSERT_EQ(train_data_parallel(with_dropout("c", 3), cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(resumed, parallel::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(with_dropout("c", 3), parallel::Program::kDataParallel, topo), 0);
   EXPECT_EQ(model::read_train_state(dir + "/a/checkpoint").rank_rng_states.size(),
             static_cast<size_t>(comm->size()));
   expect_resume_continues_the_run(0.0);
@@ -109,29 +109,29 @@ TEST_F(DataParallelTrainer, ResumeWithDropoutIsBitwiseOnEveryRank) {
 TEST_F(DataParallelTrainer, ACheckpointOnAnEpochsLastStepResumes) {
   auto one = config("p", 0);
   one.save_every = -1;
-  ASSERT_EQ(train_data_parallel(one, cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(one, parallel::Program::kDataParallel, topo), 0);
   const auto per_epoch = static_cast<int64_t>(read_column(rank_file("p"), "/steps/step").size());
   auto a = config("a", per_epoch);
   a.epochs = 2;
   a.save_every = per_epoch;
-  ASSERT_EQ(train_data_parallel(a, cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(a, parallel::Program::kDataParallel, topo), 0);
   const auto state = model::read_train_state(dir + "/a/checkpoint");
   EXPECT_EQ(state.epoch, 1);
   EXPECT_EQ(state.batch_in_epoch, 0);
   auto b = config("b", per_epoch + 1);
   b.epochs = 2;
   b.resume = dir + "/a/checkpoint";
-  ASSERT_EQ(train_data_parallel(b, cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(b, parallel::Program::kDataParallel, topo), 0);
   EXPECT_EQ(read_column(rank_file("b"), "/steps/epoch"), (std::vector<double>{1}));
 }
 
 // A fresh run into an --out that holds a checkpoint is refused on every rank, the checkpoint
 // untouched; --overwrite lets it start over.
 TEST_F(DataParallelTrainer, AFreshRunDoesNotReplaceACheckpointWithoutOverwrite) {
-  ASSERT_EQ(train_data_parallel(config("a", 2), cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(config("a", 2), parallel::Program::kDataParallel, topo), 0);
   const auto before = fs::last_write_time(dir + "/a/checkpoint/model.safetensors");
   try {
-    train_data_parallel(config("a", 1), cli::Program::kDataParallel, topo);
+    train_data_parallel(config("a", 1), parallel::Program::kDataParallel, topo);
     ADD_FAILURE() << "a fresh run over a checkpoint must be refused";
   } catch (const cli::AgreedFailure& e) {
     EXPECT_EQ(e.code, cli::kExitUsage);
@@ -142,7 +142,7 @@ TEST_F(DataParallelTrainer, AFreshRunDoesNotReplaceACheckpointWithoutOverwrite) 
   EXPECT_EQ(fs::last_write_time(dir + "/a/checkpoint/model.safetensors"), before);
   auto again = config("a", 1);
   again.overwrite = true;
-  EXPECT_EQ(train_data_parallel(again, cli::Program::kDataParallel, topo), 0);
+  EXPECT_EQ(train_data_parallel(again, parallel::Program::kDataParallel, topo), 0);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/mpi_communicator.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/mpi_wait.h"
@@ -62,32 +62,32 @@ TEST(OnEveryRank, TheLowestFailingRankReports) {
 }
 
 TEST(ConfigAgreement, NamesTheFlagsThatDiffer) {
-  cli::TrainConfig a;
-  cli::TrainConfig b;
+  parallel::TrainConfig a;
+  parallel::TrainConfig b;
   b.batch_size = 32;
   b.comm_timeout_s = 5;
-  const auto text = cli::describe_config_difference(cli::to_json(b), cli::to_json(a), 0);
+  const auto text = cli::describe_config_difference(parallel::to_json(b), parallel::to_json(a), 0);
   EXPECT_NE(text.find("--batch-size 32, rank 0 with -1"), std::string::npos) << text;
   EXPECT_NE(text.find("--comm-timeout 5"), std::string::npos) << text;
-  EXPECT_EQ(cli::describe_config_difference(cli::to_json(a), cli::to_json(a), 0), "");
+  EXPECT_EQ(cli::describe_config_difference(parallel::to_json(a), parallel::to_json(a), 0), "");
 }
 
 TEST(ConfigAgreement, SameConfigurationsPass) {
-  cli::TrainConfig c;
-  EXPECT_NO_THROW(cli::check_same_config(cli::to_json(c)));
+  parallel::TrainConfig c;
+  EXPECT_NO_THROW(cli::check_same_config(parallel::to_json(c)));
 }
 
 // Rank 1 runs another batch size and seed: the job ends with exit 2 on every rank, and rank 1
 // says which flags differ.
 TEST(ConfigAgreement, DifferentFlagsEndTheJobNamingThem) {
   const auto t = world();
-  cli::TrainConfig c;
+  parallel::TrainConfig c;
   if (t.rank == 1) {
     c.batch_size = 32;
     c.seed = 4;
   }
   try {
-    cli::check_same_config(cli::to_json(c));
+    cli::check_same_config(parallel::to_json(c));
     ADD_FAILURE() << "different configurations must end the job";
   } catch (const cli::AgreedFailure& e) {
     EXPECT_EQ(e.code, cli::kExitUsage);

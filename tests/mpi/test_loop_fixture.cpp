@@ -119,7 +119,7 @@ class LoopFixture : public gpt2p::testing::TrainerTest {
   }
 
   // Pipelines get one block per stage (the balanced partition needs as many).
-  cli::TrainConfig base(const std::string& out, int64_t steps, int stages_per_rank = 0) const {
+  parallel::TrainConfig base(const std::string& out, int64_t steps, int stages_per_rank = 0) const {
     auto c = config(out, steps);
     if (stages_per_rank > 0) c.n_layer = stages_per_rank * comm->size();
     c.dropout = 0.1;  // the RNG streams are part of what is pinned
@@ -131,24 +131,24 @@ class LoopFixture : public gpt2p::testing::TrainerTest {
 
 TEST_F(LoopFixture, DataParallelBucketed) {
   auto c = base("dp_bucketed", 4);
-  c.grad_sync = "bucketed";
+  c.grad_sync = gpt2p::parallel::GradSyncMode::kBucketed;
   c.bucket_mb = 0.05;
-  ASSERT_EQ(train_data_parallel(c, cli::Program::kDataParallel, topo), 0);
+  ASSERT_EQ(train_data_parallel(c, parallel::Program::kDataParallel, topo), 0);
   check("dp_bucketed", "dp_bucketed");
 }
 
 TEST_F(LoopFixture, DataParallelPerParamDenseEmbedding) {
   auto c = base("dp_per_param", 3);
-  c.grad_sync = "per-param";
-  c.embedding_sync = "dense";
-  ASSERT_EQ(train_data_parallel(c, cli::Program::kDataParallel, topo), 0);
+  c.grad_sync = gpt2p::parallel::GradSyncMode::kPerParam;
+  c.embedding_sync = gpt2p::parallel::EmbeddingSync::kDense;
+  ASSERT_EQ(train_data_parallel(c, parallel::Program::kDataParallel, topo), 0);
   check("dp_per_param", "dp_per_param");
 }
 
 TEST_F(LoopFixture, Pipeline1F1B) {
   auto c = base("pp_1f1b", 3, 1);
-  c.mode = "pipeline";
-  c.schedule = "1f1b";
+  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
   c.microbatches = 2;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_1f1b", "pp_1f1b");
@@ -156,8 +156,8 @@ TEST_F(LoopFixture, Pipeline1F1B) {
 
 TEST_F(LoopFixture, PipelineInterleaved) {
   auto c = base("pp_interleaved", 3, 2);
-  c.mode = "pipeline";
-  c.schedule = "interleaved";
+  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
   c.stages_per_rank = 2;
   c.microbatches = comm->size();
   ASSERT_EQ(train_pipeline(c, topo), 0);
@@ -166,8 +166,8 @@ TEST_F(LoopFixture, PipelineInterleaved) {
 
 TEST_F(LoopFixture, PipelineGPipeZeroBubble) {
   auto c = base("pp_gpipe_zb", 3, 1);
-  c.mode = "pipeline";
-  c.schedule = "gpipe";
+  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.schedule = gpt2p::pipeline::ScheduleKind::kGPipe;
   c.zero_bubble = true;
   c.microbatches = 2;
   ASSERT_EQ(train_pipeline(c, topo), 0);
@@ -176,7 +176,7 @@ TEST_F(LoopFixture, PipelineGPipeZeroBubble) {
 
 TEST_F(LoopFixture, ModelParallel) {
   auto c = base("pp_mp", 3, 1);
-  c.mode = "model_parallel";
+  c.mode = gpt2p::parallel::PipelineMode::kModelParallel;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_mp", "pp_mp");
 }

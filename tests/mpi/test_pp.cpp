@@ -8,11 +8,13 @@
 #include <string>
 
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
-#include "gpt2p/pipeline/executor.h"
-#include "gpt2p/pipeline/zero_bubble.h"
+#include "gpt2p/parallel/pipeline_grads.h"
+#include "gpt2p/pipeline/runtime/executor.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -83,12 +85,13 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
     costs = parallel::measured_layer_costs(comm, config, rows / m, kSeq, /*bf16=*/false);
   }
   const auto split =
-      parallel::stage_partition(partition, config, n * per_rank, kSeq, costs, per_rank);
+      parallel::stage_partition(*from_name<pipeline::PartitionKind>(partition), config,
+                                n * per_rank, kSeq, costs, per_rank);
   PipelineRun run;
   std::vector<pipeline::Stage*> stages;
   for (int c = 0; c < per_rank; ++c) {
     const auto r = split[static_cast<size_t>(comm.rank() + c * n)];
-    run.models.emplace_back(config, model::LayerRange{r.begin, r.end});
+    run.models.emplace_back(config, r);
     run.models.back()->reset_parameters(kSeed);
     run.stages.push_back(std::make_unique<pipeline::GptStage>(
         run.models.back(), m, false, model::LossPositions::kTargets, zero_bubble));
@@ -117,7 +120,7 @@ void expect_whole_model_gradients(PipelineRun& run, const pipeline::StageBatch& 
                                   double ref_loss, std::map<std::string, torch::Tensor>& ref) {
   run.set_batch(batch);
   run.executor->run_step(0, 0.0);
-  pipeline::sync_tied_gradient(run.models, world());
+  parallel::sync_tied_gradient(run.models, world());
   EXPECT_NEAR(pipeline_loss(run), ref_loss, 1e-5 * ref_loss);
   int checked = 0;
   for (const auto& model : run.models) {
@@ -246,8 +249,8 @@ TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {
   auto step = [&](PipelineRun& run, torch::optim::AdamW& opt, const pipeline::StageBatch& b) {
     run.set_batch(b);
     run.executor->run_step(0, 0.0);
-    pipeline::sync_tied_gradient(run.models, world());
-    pipeline::clip_grad_norm_pipeline(run.models, &world(), clip);
+    parallel::sync_tied_gradient(run.models, world());
+    parallel::clip_grad_norm_pipeline(run.models, &world(), clip);
     opt.step();
     opt.zero_grad();
     return pipeline_loss(run);
@@ -292,14 +295,14 @@ TEST(PipelineMpi, MeasuredCostsAreRankZerosOnEveryRank) {
   auto rank0 = mine.clone();
   world().broadcast(rank0, 0);
   EXPECT_TRUE(torch::equal(rank0, mine));
-  const auto split = parallel::stage_partition("measured", config, world().size(), kSeq, costs);
+  const auto split = parallel::stage_partition(pipeline::PartitionKind::kMeasured, config, world().size(), kSeq, costs);
   EXPECT_EQ(split.size(), static_cast<size_t>(world().size()));
 }
 
 TEST(PipelineMpi, ErrorsNameTheProblem) {
   const auto config = small_config();  // 4 blocks
   try {
-    parallel::stage_partition("uniform", config, 5, kSeq);
+    parallel::stage_partition(pipeline::PartitionKind::kUniform, config, 5, kSeq);
     ADD_FAILURE() << "5 stages for 4 blocks should fail";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("n_stages = 5 is more than the model's n_blocks = 4"),

@@ -26,13 +26,13 @@ using gpt2p::testing::read_column;
 class PipelineTrainer : public gpt2p::testing::TrainerTest {
  protected:
   // 4 blocks (4 stages fit), 1F1B over 2 micro-batches.
-  cli::TrainConfig config(const std::string& out, int64_t max_steps,
+  parallel::TrainConfig config(const std::string& out, int64_t max_steps,
                           const std::string& partition) const {
     auto c = TrainerTest::config(out, max_steps, /*blocks=*/4);
-    c.mode = "pipeline";
-    c.schedule = "1f1b";
+    c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+    c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
     c.microbatches = 2;
-    c.partition = partition;
+    c.partition = *from_name<pipeline::PartitionKind>(partition);
     return c;
   }
 };
@@ -73,11 +73,11 @@ TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
   const int n = comm->size();
   const auto interleaved = [&](const std::string& out, int64_t steps) {
     auto c = TrainerTest::config(out, steps, /*blocks=*/8);  // 4 ranks x 2 stages fit
-    c.mode = "pipeline";
-    c.schedule = "interleaved";
+    c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+    c.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
     c.stages_per_rank = 2;
     c.microbatches = n;  // a multiple of the ranks dividing the batch of 12
-    c.partition = "balanced";
+    c.partition = gpt2p::pipeline::PartitionKind::kBalanced;
     return c;
   };
   ASSERT_EQ(train_pipeline(interleaved("a", 2), topo), 0);
@@ -103,7 +103,7 @@ TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
 TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignCheckpoint) {
   const int n = comm->size();
   auto c = TrainerTest::config("bad", 1, /*blocks=*/8);
-  c.schedule = "interleaved";
+  c.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
   c.stages_per_rank = 2;
   c.microbatches = n == 2 ? 3 : 2;  // divides the batch of 12, not a multiple of the ranks
   try {
@@ -120,7 +120,7 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
   plain.save_every = 1;
   ASSERT_EQ(train_pipeline(plain, topo), 0);
   auto resumed = TrainerTest::config("resumed", 2, /*blocks=*/8);
-  resumed.schedule = "interleaved";
+  resumed.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
   resumed.stages_per_rank = 2;
   resumed.microbatches = n;
   resumed.resume = dir + "/plain/checkpoint";
@@ -139,7 +139,7 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
 // same losses step by step (the rows that are left out have weight 0).
 TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   auto all = config("all", 3, "uniform");
-  all.loss_positions = "all";
+  all.loss_positions = gpt2p::model::LossPositions::kAll;
   ASSERT_EQ(train_pipeline(config("targets", 3, "uniform"), topo), 0);
   ASSERT_EQ(train_pipeline(all, topo), 0);
   expect_same_losses("targets", "all", 3);

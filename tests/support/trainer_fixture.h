@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/mpi_env.h"
@@ -87,8 +87,8 @@ class TrainerTest : public ::testing::Test {
 
   // A 2-block, 32-wide model (n_layer = `blocks`) on the CPU, batch 12 x 16 tokens, checkpoints
   // every 2 steps, output in <dir>/<out>.
-  cli::TrainConfig config(const std::string& out, int64_t max_steps, int64_t blocks = 2) const {
-    cli::TrainConfig c;
+  parallel::TrainConfig config(const std::string& out, int64_t max_steps, int64_t blocks = 2) const {
+    parallel::TrainConfig c;
     c.preset = "tiny";
     c.n_layer = blocks;
     c.n_embd = 32;
@@ -102,7 +102,7 @@ class TrainerTest : public ::testing::Test {
     c.max_steps = max_steps;
     c.batch_size = 12;
     c.seq_len = 16;
-    c.device = "cpu";
+    c.device = gpt2p::parallel::DeviceKind::kCpu;
     c.out = dir + "/" + out;
     c.save_every = 2;
     c.translate_samples = 1;

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/adamw.h"
 
 namespace gpt2p::testing {
 

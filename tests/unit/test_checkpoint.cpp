@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpt2p/core/atomic_file.h"
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"

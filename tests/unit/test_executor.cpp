@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "gpt2p/core/error.h"
-#include "gpt2p/pipeline/executor.h"
-#include "gpt2p/pipeline/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/executor.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 
 namespace gpt2p::pipeline {
 namespace {

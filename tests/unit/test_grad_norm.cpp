@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "gpt2p/core/compat.h"
+#include "gpt2p/compat/rng.h"
 #include "gpt2p/parallel/grad_norm.h"
 
 namespace gpt2p::parallel {

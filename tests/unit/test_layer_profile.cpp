@@ -15,10 +15,10 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
-#include "gpt2p/pipeline/layer_profile.h"
-#include "gpt2p/pipeline/partition.h"
-#include "gpt2p/pipeline/plan.h"
-#include "gpt2p/pipeline/zero_bubble.h"
+#include "gpt2p/pipeline/perf/layer_profile.h"
+#include "gpt2p/pipeline/plan/partition.h"
+#include "gpt2p/pipeline/perf/planner.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 
@@ -136,7 +136,7 @@ TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
   // balanced and measured: M = 1 (model_parallel) + M = 2 (gpipe, 1f1b).
   ASSERT_EQ(plan.rows.size(), 6U);
   for (const auto& r : plan.rows) {
-    EXPECT_NE(r.partition, "uniform");
+    EXPECT_NE(r.partition, PartitionKind::kUniform);
     EXPECT_GT(r.step_s, 0.0);
     EXPECT_EQ(r.stage_busy_s.size(), 8U);
     if (r.schedule == "model_parallel") {

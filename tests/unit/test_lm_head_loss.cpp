@@ -151,9 +151,8 @@ TEST(LossRows, RejectsPartsThatDoNotDivideAndUnknownNames) {
   EXPECT_NE(error_of([&] { loss_rows(labels, torch::ones({3, 2}), 2, 1.0, LossPositions::kAll); })
                 .find("3 rows do not split into 2 parts"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_loss_positions("some"); }).find("--loss-positions some"),
-            std::string::npos);
-  EXPECT_EQ(parse_loss_positions(to_string(LossPositions::kAll)), LossPositions::kAll);
+  EXPECT_EQ(from_name<LossPositions>(name_of(LossPositions::kAll)), LossPositions::kAll);
+  EXPECT_FALSE(from_name<LossPositions>("some").has_value());
 }
 
 // ---- GPT2::loss --------------------------------------------------------------------------------
@@ -176,13 +175,13 @@ TEST(GPT2Loss, EqualsTheScaledLossOfTheLogitsWithTheSameGradients) {
     const auto rows = loss_rows(labels, mask, 1, 2.0 / static_cast<double>(targets), positions);
     const auto a = fused->loss(ids, rows[0], /*bf16=*/false, /*chunk_rows=*/7);
     const auto b = parallel::scaled_loss(plain->forward(ids), labels, mask, 100, targets, 2);
-    EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-5 * b.item<double>()) << to_string(positions);
+    EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-5 * b.item<double>()) << name_of(positions);
     a.backward();
     b.backward();
     const auto pa = fused->named_parameters(), pb = plain->named_parameters();
     for (const auto& item : pa) {
       EXPECT_LT(rel_diff(item.value().grad(), pb[item.key()].grad()), 1e-5)
-          << item.key() << " " << to_string(positions);
+          << item.key() << " " << name_of(positions);
     }
   }
 }

@@ -3,10 +3,12 @@
 #include <string>
 #include <vector>
 
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 
-using gpt2p::cli::Program;
-using gpt2p::cli::TrainConfig;
+using gpt2p::parallel::DeviceKind;
+using gpt2p::parallel::GradSyncMode;
+using gpt2p::parallel::Program;
+using gpt2p::parallel::TrainConfig;
 using gpt2p::cli::UsageError;
 
 namespace {
@@ -18,8 +20,8 @@ TrainConfig parse(std::vector<std::string> words, Program program = Program::kDa
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   TrainConfig cfg;
-  EXPECT_TRUE(gpt2p::cli::parse_train_args(cfg, program, static_cast<int>(argv.size()), argv.data()));
-  gpt2p::cli::resolve_train_config(cfg, program, cuda);
+  EXPECT_TRUE(gpt2p::parallel::parse_train_args(cfg, program, static_cast<int>(argv.size()), argv.data()));
+  gpt2p::parallel::resolve_train_config(cfg, program, cuda);
   return cfg;
 }
 
@@ -36,17 +38,17 @@ std::string usage_error(std::vector<std::string> words, Program program = Progra
 
 TEST(TrainOptions, CpuDefaultsAreTheSmallEmbeddedRun) {
   auto c = parse({});
-  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.device, DeviceKind::kCpu);
   EXPECT_EQ(c.preset, "tiny");
   EXPECT_EQ(c.batch_size, 16);
   EXPECT_EQ(c.out, "runs/dp_train");
-  EXPECT_EQ(c.grad_sync, "bucketed");
+  EXPECT_EQ(c.grad_sync, GradSyncMode::kBucketed);
   EXPECT_DOUBLE_EQ(c.bucket_mb, 25);
 }
 
 TEST(TrainOptions, CudaDefaultsFollowHw5) {
   auto c = parse({}, Program::kDataParallel, /*cuda=*/true);
-  EXPECT_EQ(c.device, "cuda");
+  EXPECT_EQ(c.device, DeviceKind::kCuda);
   EXPECT_EQ(c.preset, "gpt2");
   EXPECT_EQ(c.batch_size, 128);
   EXPECT_EQ(c.seq_len, 128);
@@ -60,13 +62,17 @@ TEST(TrainOptions, ExplicitFlagsWin) {
                   "3e-4", "--device", "cpu", "--n-layer", "3"});
   EXPECT_EQ(c.preset, "gpt2");
   EXPECT_EQ(c.batch_size, 64);
-  EXPECT_EQ(c.grad_sync, "per-param");
+  EXPECT_EQ(c.grad_sync, GradSyncMode::kPerParam);
   EXPECT_DOUBLE_EQ(c.lr, 3e-4);
   EXPECT_EQ(c.n_layer, 3);
 }
 
 TEST(TrainOptions, BadValuesNameTheFlag) {
-  EXPECT_NE(usage_error({"--grad-sync", "ring"}).find("--grad-sync 'ring'"), std::string::npos);
+  EXPECT_NE(usage_error({"--grad-sync", "ring"}).find("--grad-sync 'ring' is not one of: per-param | bucketed"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--schedule", "pipedream"}, Program::kPipeline)
+                .find("--schedule 'pipedream' is not one of: gpipe | 1f1b | interleaved"),
+            std::string::npos);
   EXPECT_NE(usage_error({"--precision", "fp8"}).find("fp32 | tf32 | bf16"), std::string::npos);
   EXPECT_NE(usage_error({"--batch-size", "abc"}).find("batch-size"), std::string::npos);
   EXPECT_NE(usage_error({"--no-such-flag"}).find("no-such-flag"), std::string::npos);
@@ -81,7 +87,7 @@ TEST(TrainOptions, PipelineFlagsOnlyOnPpTrain) {
   auto c = parse({"--microbatches", "8", "--batch-size", "32", "--schedule", "gpipe"},
                  Program::kPipeline);
   EXPECT_EQ(c.microbatches, 8);
-  EXPECT_EQ(c.schedule, "gpipe");
+  EXPECT_EQ(c.schedule, gpt2p::pipeline::ScheduleKind::kGPipe);
   EXPECT_NE(usage_error({"--microbatches", "5", "--batch-size", "32"}, Program::kPipeline)
                 .find("does not divide"),
             std::string::npos);
@@ -94,7 +100,7 @@ TEST(TrainOptions, ZeroBubbleMemoryAllowance) {
   EXPECT_EQ(parse({"--zero-bubble", "--zb-extra-live", "-1"}, Program::kPipeline).zb_extra_live,
             -1);
   const auto two = parse({"--zero-bubble", "--zb-extra-live", "2"}, Program::kPipeline);
-  EXPECT_EQ(gpt2p::cli::to_json(two)["zb_extra_live"], 2);
+  EXPECT_EQ(gpt2p::parallel::to_json(two)["zb_extra_live"], 2);
   EXPECT_NE(usage_error({"--zero-bubble", "--zb-extra-live", "-2"}, Program::kPipeline)
                 .find("--zb-extra-live -2: use 0"),
             std::string::npos);
@@ -116,17 +122,37 @@ TEST(TrainOptions, StagesPerRankGoWithTheInterleavedSchedule) {
   const auto mp =
       parse({"--mode", "model_parallel", "--schedule", "interleaved"}, Program::kPipeline);
   EXPECT_EQ(mp.stages_per_rank, 1);
-  EXPECT_EQ(mp.schedule, "1f1b");
-  EXPECT_EQ(gpt2p::cli::to_json(
+  EXPECT_EQ(mp.schedule, gpt2p::pipeline::ScheduleKind::kOneFOneB);
+  EXPECT_EQ(gpt2p::parallel::to_json(
                 parse({"--schedule", "interleaved"}, Program::kPipeline))["stages_per_rank"],
             2);
 }
 
 TEST(TrainOptions, ConfigRoundTripsToJson) {
   auto c = parse({"--seed", "7"});
-  auto j = gpt2p::cli::to_json(c);
+  auto j = gpt2p::parallel::to_json(c);
   EXPECT_EQ(j["seed"].get<uint64_t>(), 7U);
   EXPECT_EQ(j["preset"], "tiny");
+  // Enum-valued options are recorded by name.
+  EXPECT_EQ(j["precision"], "fp32");
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["kernels"], "auto");
+  EXPECT_EQ(j["grad_sync"], "bucketed");
+}
+
+TEST(TrainOptions, HelpShowsEveryNameFromItsTable) {
+  std::vector<std::string> words{"prog", "--help"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  testing::internal::CaptureStdout();
+  TrainConfig cfg;
+  EXPECT_FALSE(gpt2p::parallel::parse_train_args(cfg, Program::kPipeline, 2, argv.data()));
+  const std::string help = testing::internal::GetCapturedStdout();
+  EXPECT_NE(help.find("--precision arg (=fp32)"), std::string::npos) << help;
+  EXPECT_NE(help.find("fp32 | tf32 | bf16"), std::string::npos) << help;
+  EXPECT_NE(help.find("--schedule arg (=1f1b)"), std::string::npos) << help;
+  EXPECT_NE(help.find("gpipe | 1f1b | interleaved"), std::string::npos) << help;
+  EXPECT_NE(help.find("--partition arg (=balanced)"), std::string::npos) << help;
 }
 
 TEST(TrainOptions, OutOfRangeValuesAreRefusedNotTakenAsDefaults) {

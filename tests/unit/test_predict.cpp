@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "gpt2p/core/error.h"
-#include "gpt2p/pipeline/predict.h"
+#include "gpt2p/pipeline/perf/predict.h"
 #include "support/errors.h"
 
 namespace gpt2p::pipeline {

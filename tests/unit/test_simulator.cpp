@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gpt2p/core/error.h"
-#include "gpt2p/pipeline/simulator.h"
-#include "gpt2p/pipeline/zero_bubble.h"
+#include "gpt2p/pipeline/plan/simulator.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "support/errors.h"
 
 namespace gpt2p::pipeline {

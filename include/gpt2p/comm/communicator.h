@@ -48,13 +48,12 @@
 #include <string>
 #include <vector>
 
+#include "gpt2p/comm/backend.h"
 #include "gpt2p/core/mpi_env.h"
 
 namespace gpt2p::comm {
 
 enum class ReduceOp { kSum, kAvg };
-
-enum class Backend { kMpi, kNccl };
 
 // One transfer of a batch_isend_irecv call.
 struct P2POp {
@@ -150,9 +149,6 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WOR
 std::unique_ptr<Communicator> make_communicator(const CommOptions& options,
                                                 MPI_Comm comm = MPI_COMM_WORLD);
 
-// "mpi" or "nccl" (throws naming the accepted values otherwise).
-Backend parse_backend(const std::string& name);
-const char* backend_name(Backend backend);
 const char* reduce_op_name(ReduceOp op);
 // Torch's name of a dtype ("float32", "bfloat16", "int8", ...), for messages.
 std::string dtype_name(torch::ScalarType type);

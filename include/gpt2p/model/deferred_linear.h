@@ -1,5 +1,5 @@
 // The weight-gradient half of a split backward, for zero-bubble pipeline schedules
-// (pipeline/schedule.h: B computes a stage's input gradient, W its weight gradients later).
+// (pipeline/plan/schedule.h: B computes a stage's input gradient, W its weight gradients later).
 //
 // deferred_linear(x, weight, bias, store) computes x W^T + b like torch's linear, under autocast
 // too (in bf16 when autocast is on for x's device, as autocast's linear does). Its backward

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gpt2p/model/config.h"
+#include "gpt2p/model/options.h"
 
 namespace gpt2p::model {
 
@@ -22,10 +23,10 @@ namespace gpt2p::model {
 double training_flops(const GPT2Config& config, int64_t begin, int64_t end, int64_t tokens,
                       int64_t seq_len, int64_t head_rows);
 
-// Dense peak FLOP/s of one GPU for the precision the trainers run ("bf16": bf16 tensor cores;
-// "tf32"; "fp32": plain float32 FMA), from the vendor's data sheet for the SXM parts; 0 when the
+// Dense peak FLOP/s of one GPU for the precision the trainers run (kBf16: bf16 tensor cores;
+// kTf32; kFp32: plain float32 FMA), from the vendor's data sheet for the SXM parts; 0 when the
 // GPU is not in the table (MFU is then not reported). GPT2P_PEAK_TFLOPS in the environment
 // overrides the table (TFLOP/s).
-double peak_flops(const std::string& gpu_name, const std::string& precision);
+double peak_flops(const std::string& gpu_name, Precision precision);
 
 }  // namespace gpt2p::model

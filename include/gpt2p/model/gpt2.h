@@ -19,14 +19,11 @@
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/deferred_linear.h"
 #include "gpt2p/model/lm_head_loss.h"
+#include "gpt2p/pipeline/plan/layer_range.h"
 
 namespace gpt2p::model {
 
-// Half-open range of stage layers; end = -1 means "through the head".
-struct LayerRange {
-  int64_t begin = 0;
-  int64_t end = -1;
-};
+using pipeline::LayerRange;
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -80,8 +77,10 @@ TORCH_MODULE(Block);
 
 class GPT2Impl : public torch::nn::Module {
  public:
-  // Validates config and range; parameters are initialised with reset_parameters(0).
-  explicit GPT2Impl(const GPT2Config& config, LayerRange range = {});
+  // The whole model, or the stage layers `range` (layer_range.h). Validates config and range;
+  // parameters are initialised with reset_parameters(0).
+  explicit GPT2Impl(const GPT2Config& config);
+  GPT2Impl(const GPT2Config& config, LayerRange range);
 
   // Runs the range: token ids [B,T] (int64) if it starts at the embedding, else hidden [B,T,C];
   // returns logits [B,T,padded_vocab_size] if it ends with the head, else hidden [B,T,C].
@@ -128,7 +127,7 @@ class GPT2Impl : public torch::nn::Module {
   torch::Tensor lm_loss_all(const torch::Tensor& logits, const torch::Tensor& ids) const;
 
   const GPT2Config& config() const { return config_; }
-  const LayerRange& range() const { return range_; }  // resolved: end is never -1
+  const LayerRange& range() const { return range_; }
   bool has_embedding() const { return range_.begin == 0; }
   bool has_head() const { return range_.end == config_.num_stage_layers(); }
   bool is_full() const { return has_embedding() && has_head(); }

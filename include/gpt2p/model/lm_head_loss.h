@@ -20,16 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "gpt2p/model/kernels.h"
+#include "gpt2p/model/options.h"
 
 namespace gpt2p::model {
-
-// Which positions the head is computed for. kTargets: only where the loss mask is non-zero (the
-// default; same loss and gradients). kAll: every position, with zero weights where the mask is 0
-// (what a plain head computes; kept to compare the two).
-enum class LossPositions { kTargets, kAll };
-LossPositions parse_loss_positions(const std::string& name);  // "targets" | "all"
-const char* to_string(LossPositions positions);
 
 // The positions of one micro-batch that the loss counts.
 struct LossRows {

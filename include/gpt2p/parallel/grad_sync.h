@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/parallel/train_options.h"
 
 namespace gpt2p::parallel {
 
@@ -58,10 +59,12 @@ class GradSync {
   virtual EmbeddingGradSink embedding_sink() { return {}; }
 };
 
-// mode: "none" | "per-param" | "bucketed". `comm` may be null only for "none". `tied_embedding`:
-// the tied weight (one of `params`) to reduce sparsely as above, or undefined for dense; only
-// bucketed mode uses it.
-std::unique_ptr<GradSync> make_grad_sync(const std::string& mode, comm::Communicator* comm,
+// One rank: gradients stay as backward left them.
+std::unique_ptr<GradSync> make_no_sync();
+
+// The sync of --grad-sync `mode` over `comm` (not null). `tied_embedding`: the tied weight (one of
+// `params`) to reduce sparsely as above, or undefined for dense; only bucketed mode uses it.
+std::unique_ptr<GradSync> make_grad_sync(GradSyncMode mode, comm::Communicator* comm,
                                          const std::vector<torch::Tensor>& params,
                                          double bucket_mb, torch::ScalarType reduce_dtype,
                                          const torch::Tensor& tied_embedding = {});

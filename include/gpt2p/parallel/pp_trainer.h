@@ -3,7 +3,7 @@
 // --mode model_parallel (the same split, the whole batch as one micro-batch).
 #pragma once
 
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/core/mpi_env.h"
 #include "gpt2p/parallel/stage_split.h"
 
@@ -11,6 +11,6 @@ namespace gpt2p::parallel {
 
 // Trains with the parsed flags. World size = number of stages. Writes <out>/rank<r>.h5 (steps,
 // epochs, actions), checkpoints under <out>/checkpoint/stage<s>, prints progress on rank 0.
-int train_pipeline(const cli::TrainConfig& cfg, const Topology& topo);
+int train_pipeline(const parallel::TrainConfig& cfg, const Topology& topo);
 
 }  // namespace gpt2p::parallel

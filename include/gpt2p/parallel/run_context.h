@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/special_tokens.h"
@@ -22,16 +22,16 @@
 namespace gpt2p::parallel {
 
 struct RunContext {
-  cli::TrainConfig cfg;
+  parallel::TrainConfig cfg;
   Topology topo;
   torch::Device device{torch::kCPU};
   // NCCL on cuda with one GPU per rank; MPI on cpu and for ranks that share GPUs (--comm).
   std::unique_ptr<comm::Communicator> comm;
   // pp_train only: a second communicator (own NCCL stream) for the pipeline's gradient transfers,
-  // so activations and gradients never queue behind each other (pipeline/executor.h).
+  // so activations and gradients never queue behind each other (pipeline/runtime/executor.h).
   std::unique_ptr<comm::Communicator> grad_comm;
   // pp_train with several stages per rank: one more each for the transfers that wrap from the
-  // last rank to the first (activations) and back (gradients) (pipeline/schedule.h, Channel).
+  // last rank to the first (activations) and back (gradients) (pipeline/plan/schedule.h, Channel).
   std::unique_ptr<comm::Communicator> act_wrap_comm, grad_wrap_comm;
   // MPI over CPU tensors, for the host's decisions: stop requests, checkpoint commits.
   std::unique_ptr<comm::Communicator> control;
@@ -62,14 +62,14 @@ struct RunContext {
 // the job with one message and exit 2 on a problem: cli/main_guard.h), picks this rank's GPU
 // (local rank) and backend (--comm), limits CPU threads to this rank's share of the cores and
 // makes the communicators.
-RunContext make_run_context(cli::TrainConfig cfg, cli::Program program, const Topology& topo);
+RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program, const Topology& topo);
 
 // Opens the run's training data as data rank `rank` of `world` into `data`, on every rank as an
 // agreed check (cli::on_every_rank): a dataset every rank rejects is reported once.
 void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data);
 
 // Preset + overrides, vocabulary = the tokenizer's (GPT-2 + 3 specials), context >= --seq-len.
-model::GPT2Config model_config_for(const cli::TrainConfig& cfg, int64_t vocab_size);
+model::GPT2Config model_config_for(const parallel::TrainConfig& cfg, int64_t vocab_size);
 
 // Broadcasts every parameter from rank 0, then checks that all ranks hold the same values
 // (a float64 checksum all-gathered); throws naming the first rank that differs.

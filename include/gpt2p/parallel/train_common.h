@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "gpt2p/cli/train_options.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/io/run_record.h"
@@ -78,7 +78,7 @@ void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& tot
 class StepProfiler {
  public:
   static constexpr int64_t kProfileSkip = 5;
-  StepProfiler(const cli::TrainConfig& cfg, const torch::Device& device, int rank,
+  StepProfiler(const parallel::TrainConfig& cfg, const torch::Device& device, int rank,
                int64_t first_step);
   ~StepProfiler();
   void before_step(int64_t step);

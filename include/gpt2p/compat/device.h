@@ -1,0 +1,64 @@
+// The device a run uses, CUDA or CPU, on every libtorch the project builds against
+// (compat/version.h): autocast, TF32, synchronisation, peak memory and a clock on its timeline.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace gpt2p::compat {
+
+// strict = true: float32 matmuls and convolutions are true fp32 (no TF32 on cuBLAS/cuDNN);
+// false: TF32 allowed. A no-op for CPU-only builds.
+void set_strict_fp32(bool strict);
+
+// Turns bf16 autocast on for `device` (CUDA or CPU) while alive; a no-op when !enabled.
+class AutocastGuard {
+ public:
+  AutocastGuard(const torch::Device& device, bool enabled);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::Device device_;
+  bool enabled_;
+  bool previous_ = false;
+};
+
+// Whether autocast is on for `device`'s type on this thread (AutocastGuard always picks bf16).
+bool autocast_enabled(const torch::Device& device);
+
+// Whether this build has CUDA and at least one GPU is visible.
+bool cuda_available();
+// The GPU's name ("NVIDIA H200"), or "" for the CPU.
+std::string device_name(const torch::Device& device);
+// Makes `device` current for this thread (cudaSetDevice); no-op for the CPU.
+void set_current_device(const torch::Device& device);
+// Blocks until the work queued on torch's current stream of `device` is done (no-op on CPU).
+void synchronize(const torch::Device& device);
+// Peak bytes allocated by torch on `device` since the last reset (CUDA caching allocator), or the
+// process's peak resident set size for the CPU.
+int64_t peak_memory_bytes(const torch::Device& device);
+void reset_peak_memory(const torch::Device& device);
+
+// Seconds between points on the device's timeline: CUDA events on the current stream on GPUs,
+// the host clock on CPUs. mark() is cheap; elapsed() blocks until both marks have happened.
+class DeviceClock {
+ public:
+  DeviceClock(const torch::Device& device, int capacity);
+  ~DeviceClock();
+  DeviceClock(const DeviceClock&) = delete;
+  DeviceClock& operator=(const DeviceClock&) = delete;
+  // Records mark `i` (0 <= i < capacity) now, on torch's current stream.
+  void mark(int i);
+  // Seconds from mark `a` to mark `b`.
+  double elapsed(int a, int b);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace gpt2p::compat

@@ -1,0 +1,45 @@
+// How the model computes, as the trainers' flags choose it (torch-free; names: core/names.h).
+#pragma once
+
+#include <array>
+
+#include "gpt2p/core/names.h"
+
+namespace gpt2p::model {
+
+// --precision: fp32 (true float32 matmuls), tf32 (float32 tensors, TF32 tensor-core matmuls) or
+// bf16 (autocast to bfloat16 on the GPU; float32 master weights and optimizer state).
+enum class Precision { kFp32, kTf32, kBf16 };
+constexpr std::array<Named<Precision>, 3> names(Precision) {
+  return {{{Precision::kFp32, "fp32"}, {Precision::kTf32, "tf32"}, {Precision::kBf16, "bf16"}}};
+}
+
+// --loss-positions: which positions the LM head is computed for (lm_head_loss.h). kTargets: only
+// where the loss mask is non-zero (the default; same loss and gradients). kAll: every position,
+// with zero weights where the mask is 0 (what a plain head computes; kept to compare the two).
+enum class LossPositions { kTargets, kAll };
+constexpr std::array<Named<LossPositions>, 2> names(LossPositions) {
+  return {{{LossPositions::kTargets, "targets"}, {LossPositions::kAll, "all"}}};
+}
+
+// --kernels: which implementation runs the operations that have one of the project's CUDA
+// kernels (src/kernels/): the LM head's softmax and cross-entropy (lm_head_loss.h) and the
+// blocks' residual adds with their LayerNorms and linear layers (gpt2.h).
+//   kReference: ATen operations; any device, and the only path of a CPU build.
+//   kFused: the kernels; CUDA tensors in a CUDA build only.
+//   kAuto: a request only (resolve_kernels): kFused where built and on a CUDA device.
+// kReference and kFused give the same losses and gradients up to rounding
+// (tests/gpu/test_kernels_gpu.cpp, tests/gpu/test_norm_gpu.cpp).
+enum class Kernels { kAuto, kFused, kReference };
+constexpr std::array<Named<Kernels>, 3> names(Kernels) {
+  return {{{Kernels::kAuto, "auto"}, {Kernels::kFused, "fused"}, {Kernels::kReference, "reference"}}};
+}
+
+// Whether this build has the fused kernels (Torch with CUDA).
+bool fused_kernels_built();
+
+// The kernels a request runs with on a CUDA device or not: kFused or kReference. A fused request
+// that cannot run fails with the reason and the fix.
+Kernels resolve_kernels(Kernels requested, bool cuda_device);
+
+}  // namespace gpt2p::model

@@ -1,0 +1,24 @@
+// The gradients of a pipeline's stages between backward and the optimizer step: the tied
+// embedding's two halves (first and last stage) and the norm over every stage of every rank.
+#pragma once
+
+#include <vector>
+
+#include "gpt2p/comm/communicator.h"
+#include "gpt2p/model/gpt2.h"
+
+namespace gpt2p::parallel {
+
+// After backward on every rank: the first and the last stage each hold one part of the tied wte
+// gradient (embedding and head); both end up with the sum, so the two copies stay equal after the
+// optimizer step. `stages` are this rank's stages (one, or V when interleaved); only the ranks of
+// the first and last stage exchange anything. A no-op on one rank. Every rank calls it.
+void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm);
+
+// torch's clip_grad_norm_ over the parameters of all stages of all ranks together (the tied
+// weight counted once); returns the global norm before clipping. Every rank calls it with its
+// stages. comm may be null (1 rank).
+double clip_grad_norm_pipeline(const std::vector<model::GPT2>& stages, comm::Communicator* comm,
+                               double max_norm);
+
+}  // namespace gpt2p::parallel

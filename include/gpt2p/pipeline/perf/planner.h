@@ -1,0 +1,75 @@
+// The pipeline planner behind pp_plan: layer times measured on one device (layer_profile.h) for
+// every micro-batch size, the split each --partition gives, and the simulator's prediction
+// (predict.h) for every partition x schedule x M, relative to model parallelism on the same split.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpt2p/model/config.h"
+#include "gpt2p/pipeline/perf/layer_profile.h"
+#include "gpt2p/pipeline/plan/partition.h"
+
+namespace gpt2p::pipeline {
+
+struct PlanSpec {
+  int stages = 2;
+  int64_t batch_size = 64;  // sequences per step (global)
+  int64_t seq_len = 128;
+  bool bf16 = false;                              // autocast, as pp_train --precision bf16
+  std::vector<int> microbatches{1, 2, 4, 8, 16};  // each divides batch_size
+  // Stages per rank V: 1 predicts gpipe and 1f1b, V >= 2 the interleaved schedule on stages x V
+  // stages (for each M that is a multiple of `stages`).
+  std::vector<int> stages_per_rank{1, 2};
+  double link_gbs = 200;  // GB/s of one activation/gradient transfer (fp32 activations)
+  int reps = 5;           // timed iterations per round of the layer profile
+  double loss_fraction = 1;  // share of positions the head runs at (pp_train's data: ~0.09)
+  bool zero_bubble = false;  // also predict every pipeline row with split backwards (--zero-bubble)
+  // With zero_bubble: the memory allowances to predict, each a pp_train --zb-extra-live (0: the
+  // base schedule's memory; zero_bubble.h's kNoLiveLimit: none).
+  std::vector<int> zb_extra_live{0};
+};
+
+struct PlanRow {
+  PartitionKind partition = PartitionKind::kUniform;
+  std::string split;      // "0-8|9-13"
+  std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b | interleaved
+  int stages_per_rank = 1;
+  bool zero_bubble = false;  // pp_train --zero-bubble
+  int zb_extra_live = 0;     // pp_train --zb-extra-live (with zero_bubble)
+  int microbatches = 1;
+  double step_s = 0;
+  double speedup = 0;  // over model_parallel on the same split
+  // Equal stages, no loss of efficiency: n m V / (m V + n - 1). With zero_bubble the bubble
+  // shrinks by the W's, as in Qi et al.'s ZB-H1: n m V / (m V + (n - 1)(1 - 2 w)), w the W share
+  // of a block's cost (zero_bubble.h: block_weight_share).
+  double ideal = 0;
+  double idle = 0;     // idle fraction of all stages
+  std::vector<double> stage_busy_s;  // per rank
+};
+
+struct Plan {
+  std::map<int64_t, LayerTimes> times;  // micro-batch rows -> measured layer times
+  std::vector<PlanRow> rows;            // partition, then M, then schedule
+  std::vector<std::string> notes;       // e.g. why a partition has no rows
+};
+
+// Measures (M = 1, the model-parallel baseline, always) and predicts. Throws gpt2p::Error for an M
+// that does not divide the batch, a V < 1, or more stages than blocks. A uniform split that leaves
+// a stage empty (e.g. 12 blocks on 8 stages) gives no uniform rows and a note, as does a V whose
+// stages x V exceed the blocks. Interleaved rows are relative to model parallelism on the
+// partition's split into `stages` stages.
+Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
+
+// {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
+// "predictions": [{partition, split, schedule,
+// stages_per_rank, zero_bubble, zb_extra_live, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
+// stage_busy_s}]}
+nlohmann::json to_json(const Plan& plan, int n_layer);
+
+}  // namespace gpt2p::pipeline

@@ -1,0 +1,89 @@
+// A pipeline stage: the part of the model one rank holds, seen through the few calls the executor
+// (executor.h) makes. The executor owns the order of work and what backward needs (the stage input
+// with requires_grad and the output, per micro-batch); a Stage only computes.
+//
+// GptStage is the real one: a GPT2 built for a layer range, the step's batch cut into
+// micro-batches, and on the last stage the loss. The free functions below finish a pipeline step:
+// the tied embedding/head gradient shared by the first and last stage, and clipping by the global
+// norm.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gpt2p/comm/communicator.h"
+#include "gpt2p/model/gpt2.h"
+
+namespace gpt2p::pipeline {
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  virtual bool is_first() const = 0;
+  virtual bool is_last() const = 0;
+  // The first stage's input of micro-batch `mb` (token ids).
+  virtual torch::Tensor input(int mb) = 0;
+  // An uninitialised buffer shaped like the activation this (non-first) stage receives for `mb`.
+  virtual torch::Tensor empty_activation(int mb) = 0;
+  // Non-last stages return the activation to send on; the last stage returns the micro-batch's
+  // loss (a scalar to call backward on).
+  virtual torch::Tensor forward(int mb, const torch::Tensor& input) = 0;
+  // Back-propagates `output` of `mb`: output.backward() when `grad` is undefined (the loss), else
+  // torch::autograd::backward({output}, {grad}). Gradients accumulate into the parameters.
+  virtual void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) = 0;
+  // Zero-bubble schedules (schedule.h): backward() computed only what the previous stage waits
+  // for; this adds the weight gradients it left for `mb`. Stages that do not split their backward
+  // throw.
+  virtual void backward_weight(int mb);
+};
+
+// The tensors of one step's batch on this stage's device; a stage uses what it needs (the first
+// stage the inputs, the last the labels and mask; every stage the shape).
+struct StageBatch {
+  torch::Tensor inputs, labels, mask;  // [B, T]: int64, int64, float32
+  int64_t global_target_tokens = 0;    // sum of mask over the whole batch (loss scaling)
+  torch::Tensor host_mask;             // optional: mask on the host (spares a device read)
+};
+
+class GptStage : public Stage {
+ public:
+  // `model` holds this stage's layer range; the step's batch is cut into n_microbatches row blocks.
+  // The last stage computes the head at `positions` (lm_head_loss.h).
+  // With split_backward, backward() leaves the blocks' weight gradients for backward_weight()
+  // (model/deferred_linear.h).
+  GptStage(model::GPT2 model, int n_microbatches, bool bf16,
+           model::LossPositions positions = model::LossPositions::kTargets,
+           bool split_backward = false);
+
+  void set_batch(StageBatch batch);
+  // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
+  // resets it. Other stages: 0.
+  double take_loss();
+
+  bool is_first() const override { return model_->has_embedding(); }
+  bool is_last() const override { return model_->has_head(); }
+  torch::Tensor input(int mb) override;
+  torch::Tensor empty_activation(int mb) override;
+  torch::Tensor forward(int mb, const torch::Tensor& input) override;
+  void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) override;
+  void backward_weight(int mb) override;
+
+ private:
+  // mb, after checking that a batch is set and holds it (throws otherwise).
+  int check_microbatch(int mb) const;
+  torch::Tensor rows(const torch::Tensor& t, int mb) const;
+
+  model::GPT2 model_;
+  int n_microbatches_;
+  bool bf16_;
+  model::LossPositions positions_;
+  StageBatch batch_;
+  std::vector<model::LossRows> loss_rows_;  // last stage: per micro-batch
+  int64_t micro_rows_ = 0;
+  torch::Tensor loss_sum_;
+  std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
+};
+
+}  // namespace gpt2p::pipeline

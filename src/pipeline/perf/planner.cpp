@@ -1,0 +1,151 @@
+#include "gpt2p/pipeline/perf/planner.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "gpt2p/core/error.h"
+#include "gpt2p/pipeline/plan/partition.h"
+#include "gpt2p/pipeline/perf/predict.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
+
+namespace gpt2p::pipeline {
+
+Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device) {
+  for (int m : spec.microbatches) {
+    GPT2P_CHECK(m >= 1 && spec.batch_size % m == 0,
+                "pp_plan: " << m << " micro-batches do not divide the batch of " << spec.batch_size,
+                "drop it or change the batch");
+  }
+  const int L = static_cast<int>(config.n_layer);
+  std::vector<int> counts = spec.microbatches;
+  if (std::find(counts.begin(), counts.end(), 1) == counts.end()) counts.insert(counts.begin(), 1);
+  Plan plan;
+  std::map<int, std::vector<double>> costs;  // M -> per-layer costs of one micro-batch
+  for (int m : counts) {
+    const int64_t rows = spec.batch_size / m;
+    const LayerTimes t =
+        measure_layer_times(config, rows, spec.seq_len, spec.bf16, device, 2, spec.reps, 3,
+                            spec.loss_fraction);
+    plan.times[rows] = t;
+    costs[m] = layer_costs_from_times(t, L);
+  }
+
+  const auto flops = layer_costs_flops(
+      L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
+      static_cast<int>(spec.seq_len), static_cast<int>(config.padded_vocab_size()),
+      spec.loss_fraction);
+  // Seconds to move one micro-batch's fp32 activations (or their gradient) between stages.
+  const auto transfer = [&](int m) {
+    return static_cast<double>(spec.batch_size / m * spec.seq_len * config.n_embd) * 4.0 /
+           (spec.link_gbs * 1e9);
+  };
+  const int n = spec.stages;
+  // How a step of M micro-batches on V stages per rank costs beyond its layers: transfers, and
+  // per stage and micro-batch what a forward + backward call costs (the profile's `stage`).
+  const double weight_share =
+      block_weight_share(static_cast<int>(config.n_embd), static_cast<int>(spec.seq_len));
+  const auto step_model = [&](int m, int v, bool zb = false, int extra_live = 0) {
+    StepModel model;
+    model.comm = transfer(m);
+    model.stages_per_rank = v;
+    model.stage_overhead = plan.times.at(spec.batch_size / m).stage;
+    model.zero_bubble = zb;
+    model.block_weight_share = zb ? weight_share : 0.0;
+    model.zb_extra_live = extra_live;
+    return model;
+  };
+  for (int v : spec.stages_per_rank) {
+    GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
+  }
+  for (int k : spec.zb_extra_live) {
+    GPT2P_CHECK(k >= 0 || k == kNoLiveLimit,
+                "pp_plan: zero-bubble extra live micro-batches " << k,
+                "use 0 or more, or " << kNoLiveLimit << " for no limit");
+  }
+  // The variants predicted per pipeline row: unsplit, then each zero-bubble memory allowance.
+  std::vector<std::optional<int>> variants{std::nullopt};
+  if (spec.zero_bubble) {
+    for (int k : spec.zb_extra_live) variants.emplace_back(k);
+  }
+  // The split of each partition into n x v stages: uniform and balanced cut the same way for
+  // every M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
+  // With v stages per rank, balanced and measured balance the ranks' loads.
+  std::map<std::pair<PartitionKind, int>, std::optional<Partition>> fixed;
+  const auto split_of = [&](PartitionKind partition, int v,
+                            int m) -> std::optional<Partition> {
+    if (partition == PartitionKind::kMeasured) return partition_interleaved(costs[m], n, v);
+    auto key = std::make_pair(partition, v);
+    auto it = fixed.find(key);
+    if (it != fixed.end()) return it->second;
+    std::optional<Partition> split;
+    try {
+      split = partition == PartitionKind::kUniform ? partition_uniform(L, n * v)
+                                                   : partition_interleaved(flops, n, v);
+    } catch (const Error& e) {
+      plan.notes.push_back("no " + name_string(partition) + " split into " + std::to_string(n * v) +
+                           " stages: " + e.what());
+    }
+    return fixed[key] = split;
+  };
+  for (const auto& named : names(PartitionKind{})) {
+    const PartitionKind partition = named.value;
+    for (int m : spec.microbatches) {
+      const auto split = split_of(partition, 1, m);
+      if (!split) continue;
+      // model_parallel on the same split: the whole batch as one micro-batch.
+      const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
+      const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
+        for (const std::optional<int>& zb : variants) {
+          if (zb && m == 1) continue;
+          const StepPrediction p = predict_step(kind, m, stages, costs[m],
+                                                step_model(m, v, zb.has_value(), zb.value_or(0)));
+          const double mv = static_cast<double>(m) * v;
+          const double bubble = (n - 1) * (zb ? 1.0 - 2.0 * weight_share : 1.0);
+          plan.rows.push_back({partition, to_string(stages),
+                               m == 1 ? "model_parallel" : to_string(kind), v, zb.has_value(),
+                               zb.value_or(0), m, p.step, mp / p.step, n * mv / (mv + bubble),
+                               p.bubble, p.stage_busy});
+        }
+      };
+      for (int v : spec.stages_per_rank) {
+        if (v == 1) {
+          add(ScheduleKind::kGPipe, 1, *split);
+          if (m > 1) add(ScheduleKind::kOneFOneB, 1, *split);  // M = 1: the same as GPipe
+          continue;
+        }
+        if (n < 2 || m % n != 0 || n * v > L) continue;
+        if (const auto stages = split_of(partition, v, m))
+          add(ScheduleKind::kInterleaved, v, *stages);
+      }
+    }
+  }
+  return plan;
+}
+
+nlohmann::json to_json(const Plan& plan, int n_layer) {
+  nlohmann::json costs = nlohmann::json::object(), overheads = nlohmann::json::object();
+  for (const auto& [rows, t] : plan.times) {
+    costs[std::to_string(rows)] = layer_costs_from_times(t, n_layer);
+    overheads[std::to_string(rows)] = t.stage;
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const PlanRow& r : plan.rows) {
+    rows.push_back({{"partition", name_string(r.partition)},
+                    {"split", r.split},
+                    {"schedule", r.schedule},
+                    {"stages_per_rank", r.stages_per_rank},
+                    {"zero_bubble", r.zero_bubble},
+                    {"zb_extra_live", r.zb_extra_live},
+                    {"microbatches", r.microbatches},
+                    {"step_s", r.step_s},
+                    {"speedup_vs_model_parallel", r.speedup},
+                    {"ideal_speedup", r.ideal},
+                    {"idle_fraction", r.idle},
+                    {"stage_busy_s", r.stage_busy_s}});
+  }
+  return {{"layer_costs_s_by_rows", costs},
+          {"stage_overhead_s_by_rows", overheads},
+          {"predictions", rows}};
+}
+
+}  // namespace gpt2p::pipeline

@@ -1,0 +1,99 @@
+#include "gpt2p/pipeline/runtime/stage.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpt2p/compat/device.h"
+#include "gpt2p/core/error.h"
+
+namespace gpt2p::pipeline {
+
+void Stage::backward_weight(int mb) {
+  GPT2P_FAIL("this stage computes its weight gradients in backward; the schedule has a W action "
+                 << "for micro-batch " << mb,
+             "run W actions only on stages built with split_backward");
+}
+
+GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16,
+                   model::LossPositions positions, bool split_backward)
+    : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16),
+      positions_(positions) {
+  GPT2P_CHECK(n_microbatches_ >= 1,
+              "a stage needs at least one micro-batch, got " << n_microbatches_,
+              "pass --microbatches >= 1");
+  if (split_backward) {
+    weight_grads_ = std::make_shared<model::WeightGradStore>();
+    model_->set_weight_grad_store(weight_grads_);
+  }
+}
+
+void GptStage::set_batch(StageBatch batch) {
+  const int64_t rows = batch.inputs.size(0);
+  GPT2P_CHECK(
+      rows % n_microbatches_ == 0,
+      "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
+      "pick --microbatches dividing --batch-size");
+  micro_rows_ = rows / n_microbatches_;
+  batch_ = std::move(batch);
+  if (is_last()) {
+    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, batch_.global_target_tokens));
+    loss_rows_ = model::loss_rows(batch_.labels,
+                                  batch_.host_mask.defined() ? batch_.host_mask : batch_.mask,
+                                  n_microbatches_, scale, positions_);
+  }
+}
+
+double GptStage::take_loss() {
+  if (!loss_sum_.defined()) return 0.0;
+  const double v = loss_sum_.item<double>();
+  loss_sum_ = torch::Tensor();
+  return v;
+}
+
+int GptStage::check_microbatch(int mb) const {
+  GPT2P_CHECK(
+      batch_.inputs.defined() && mb >= 0 && mb < n_microbatches_,
+      "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
+                     << (batch_.inputs.defined() ? "" : " and no batch"),
+      "call set_batch() before running a step and keep the schedule's M equal to the stage's");
+  return mb;
+}
+
+torch::Tensor GptStage::rows(const torch::Tensor& t, int mb) const {
+  return t.narrow(0, check_microbatch(mb) * micro_rows_, micro_rows_);
+}
+
+torch::Tensor GptStage::input(int mb) { return rows(batch_.inputs, mb); }
+
+torch::Tensor GptStage::empty_activation(int mb) {
+  const auto ids = rows(batch_.inputs, mb);
+  return torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
+                      torch::TensorOptions().dtype(torch::kFloat32).device(ids.device()));
+}
+
+torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
+  const torch::Device device = input.device();
+  compat::AutocastGuard autocast(device, bf16_);
+  if (!is_last()) return model_->forward(input).to(torch::kFloat32);  // activations travel in fp32
+  auto loss = model_->loss(input, loss_rows_[static_cast<size_t>(check_microbatch(mb))], bf16_);
+  loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
+  return loss;
+}
+
+void GptStage::backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) {
+  if (!grad.defined()) {
+    output.backward();
+  } else {
+    torch::autograd::backward({output}, {grad});
+  }
+  if (weight_grads_) weight_grads_->close(check_microbatch(mb));
+}
+
+void GptStage::backward_weight(int mb) {
+  GPT2P_CHECK(weight_grads_ != nullptr,
+              "W action for micro-batch " << mb << " on a stage that does not split its backward",
+              "build the stage with split_backward (pp_train --zero-bubble)");
+  weight_grads_->run(check_microbatch(mb));
+}
+
+}  // namespace gpt2p::pipeline
