@@ -34,7 +34,7 @@ class TrainersOnGpu : public gpt2p::testing::TrainerTest {
   }
   parallel::TrainConfig on(parallel::TrainConfig c, const std::string& device) const {
     c.out += "-" + device;
-    c.device = device;
+    c.device = *from_name<DeviceKind>(device);
     c.precision = gpt2p::model::Precision::kFp32;
     c.save_every = -1;
     return c;
@@ -44,7 +44,7 @@ class TrainersOnGpu : public gpt2p::testing::TrainerTest {
 TEST_F(TrainersOnGpu, DataParallelLossesEqualTheCpuRun) {
   for (const char* sync : {"bucketed", "per-param"}) {
     auto c = config(std::string("dp-") + sync, 3);
-    c.grad_sync = sync;
+    c.grad_sync = *from_name<GradSyncMode>(sync);
     c.bucket_mb = 0.05;
     for (const char* device : {"cuda", "cpu"}) {
       ASSERT_EQ(train_data_parallel(on(c, device), parallel::Program::kDataParallel, topo), 0);
@@ -71,7 +71,7 @@ TEST_F(TrainersOnGpu, EveryPipelineScheduleEqualsTheCpuRun) {
     SCOPED_TRACE(k.name);
     auto c = config(std::string("pp-") + k.name, 3, /*blocks=*/8);
     c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-    c.schedule = k.schedule;
+    c.schedule = *from_name<pipeline::ScheduleKind>(k.schedule);
     c.microbatches = k.microbatches;
     c.zero_bubble = k.zero_bubble;
     c.stages_per_rank = std::string(k.schedule) == "interleaved" ? 2 : 1;
