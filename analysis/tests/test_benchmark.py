@@ -76,28 +76,32 @@ def test_anchors_run_once_per_configuration_and_repetition(tmp_path):
         ("f", "2", "pp_train", "pp:64x128xfp32:onef1b:4", "e", "-"),
         ("g", "2", "pp_train", "pp:64x128xfp32:gpipe:8", "e", "-"),
         ("h", "2", "comm_bench", "comm", "-", "--op all"))))
-    r = bench(m, "--dry-run", "--out", tmp_path / "o", GPT2P_GPUS="2")
+    # The anchors' folder named explicitly: a fresh clone has no .anchors/ copy.
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    r = bench(m, "--dry-run", "--out", tmp_path / "o", GPT2P_GPUS="2", GPT2P_ANCHORS=str(peers))
     assert r.returncode == 0, r.stderr
     assert "results/" not in r.stdout and "m.tsv: 8 row(s), 2 repetition(s)" in r.stdout
     cmds = commands(r.stdout)
-    anchors = [c for c in cmds if "python3 .anchors/" in c]
-    want = ["PYTHONUNBUFFERED=1 CONFIGS=16x1024xbf16 TF32=0 WORLD=1 timeout 300 python3 .anchors/compile_anchor.py",
-            "PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 TF32=1 WORLD=1 timeout 300 python3 .anchors/compile_anchor.py",
-            "PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 timeout 300 python3 .anchors/ddp_anchor.py",
-            "PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 SCHEDULES=onef1b:4,gpipe:8 timeout 300 python3 .anchors/pp_anchor.py",
-            "PYTHONUNBUFFERED=1 timeout 300 python3 .anchors/comm_anchor.py"]
+    anchors = [c for c in cmds if f"python3 {peers}/" in c]
+    want = [f"PYTHONUNBUFFERED=1 CONFIGS=16x1024xbf16 TF32=0 WORLD=1 timeout 300 python3 {peers}/compile_anchor.py",
+            f"PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 TF32=1 WORLD=1 timeout 300 python3 {peers}/compile_anchor.py",
+            f"PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 timeout 300 python3 {peers}/ddp_anchor.py",
+            f"PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 SCHEDULES=onef1b:4,gpipe:8 timeout 300 python3 {peers}/pp_anchor.py",
+            f"PYTHONUNBUFFERED=1 timeout 300 python3 {peers}/comm_anchor.py"]
     assert anchors == want * 2
     # Each repetition: every row, then every anchor.
-    kinds = ["anchor" if "python3 .anchors/" in c else "row" for c in cmds if "matrix_table" not in c]
+    kinds = ["anchor" if f"python3 {peers}/" in c else "row" for c in cmds if "matrix_table" not in c]
     assert kinds == (["row"] * 8 + ["anchor"] * 5) * 2
     a = cmds[0]
     assert a.count("--max-steps") == 1 and "--max-steps 5" in a and "--max-train-pairs 1536" in a
     assert f"--json-out {tmp_path}/o/runs/h/rep1/comm_bench.json" in cmds[7]
     assert cmds[1].endswith(f"--out {tmp_path}/o/runs/b/rep1 --profile {tmp_path}/o/runs/b/rep1/profile")
     # One GPU: ddp_anchor.py's single-GPU mode alone (its main() would wait for a second GPU).
-    r = bench(m, "--dry-run", "--rows", "d", "--out", tmp_path / "o", GPT2P_GPUS="1")
+    r = bench(m, "--dry-run", "--rows", "d", "--out", tmp_path / "o", GPT2P_GPUS="1",
+              GPT2P_ANCHORS=str(peers))
     assert [c for c in commands(r.stdout) if "ddp_anchor" in c] == [
-        "PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 timeout 300 python3 -c '<ddp_anchor.run in its single-GPU mode>' .anchors"] * 2
+        f"PYTHONUNBUFFERED=1 CONFIGS=64x128xfp32 timeout 300 python3 -c '<ddp_anchor.run in its single-GPU mode>' {peers}"] * 2
 
 
 @pytest.mark.parametrize("matrix", MATRICES, ids=lambda p: p.stem)
