@@ -135,6 +135,8 @@ def cmd_sweep(args) -> int:
             c = run.config
             pt.update(mode=c.get("mode", "pipeline"), schedule=run.schedule,
                       microbatches=int(c.get("microbatches", 1)))
+            if run.hybrid:
+                pt.update(dp=run.dp, pp=run.pp)
             b = metrics.bubble(run)
             if b:
                 pt["bubble_measured"], pt["bubble_ideal"] = b["measured"], b["ideal"]
@@ -153,7 +155,7 @@ def cmd_sweep(args) -> int:
         c = pipe_runs[0].config
         try:
             predicted = metrics.plan_points(plan, c.get("partition", "balanced"), int(c["batch_size"]),
-                                            int(c["seq_len"]), pipe_runs[0].world_size)
+                                            int(c["seq_len"]), pipe_runs[0].pp)
         except (ValueError, KeyError) as e:
             raise RunError(f"--plan {args.plan}: {e}")
     summary.write_json(out / "sweep.json", {"world_size": world_pts, "microbatches": m_pts,

@@ -11,8 +11,8 @@ anchors/<key>.rep<r>.jsonl (an anchor's JSON lines) and machine.txt.
 
 How the numbers are made, per row:
 - a step's time is the slowest rank's (end - start of /steps); its tokens are the batch's padded
-  tokens: summed over the ranks of dp_train (each rank is a replica), counted once for pp_train
-  (its stages share one batch);
+  tokens: summed over the ranks of dp_train (each rank is a replica), counted once per pipeline
+  for pp_train (its stages share one batch; with --dp D summed over the D replicas);
 - the first W steps of every repetition are warm-up and dropped; the rest of all repetitions are
   pooled: tokens/s = median of tokens / step time, step = median step time;
 - peak = the largest peak_memory_bytes of any rank (median over repetitions); MFU = the trainers'
@@ -34,6 +34,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from analysis import metrics
 from analysis import numbers as fmt
 from analysis.reader import RunError, read_run, schedule_name
 from analysis.summary import write_json
@@ -62,6 +63,7 @@ def run_steps(run_dir: Path, warmup: int) -> Dict[str, object]:
     """One repetition of a trainer row: its measured steps (after `warmup`) across ranks."""
     run = read_run(run_dir)
     tables = [r.table("steps") for r in run.ranks if r.rows("steps")]
+    replicas = [r.dp_rank for r in run.ranks if r.rows("steps")]
     if not tables:
         raise RunError(f"{run_dir}: no steps recorded")
     index = [{int(s): i for i, s in enumerate(t["step"])} for t in tables]
@@ -72,7 +74,13 @@ def run_steps(run_dir: Path, warmup: int) -> Dict[str, object]:
         rows = [(t, ix[k]) for t, ix in zip(tables, index)]
         dur.append(max(t["end"][i] - t["start"][i] for t, i in rows))
         tok = [t["padded_tokens"][i] for t, i in rows]
-        tokens.append(max(tok) if run.is_pipeline else sum(tok))
+        if run.is_pipeline:  # one count per replica's pipeline: its largest stage's
+            per = {}
+            for d, x in zip(replicas, tok):
+                per[d] = max(per.get(d, x), x)
+            tokens.append(sum(per.values()))
+        else:
+            tokens.append(sum(tok))
         m = [t["mfu"][i] for t, i in rows if "mfu" in t and np.isfinite(t["mfu"][i])]
         mfu.append(float(np.mean(m)) if m else np.nan)
     peaks = []
@@ -80,7 +88,7 @@ def run_steps(run_dir: Path, warmup: int) -> Dict[str, object]:
         ep = r.table("epochs").get("peak_memory_bytes")
         peak = float(np.max(ep)) if ep is not None and len(ep) else float(r.attrs.get("peak_memory_bytes", np.nan))
         peaks.append(peak)
-    loss_table = (run.ranks[-1] if run.is_pipeline else run.ranks[0]).table("steps")
+    loss_table = metrics.loss_rank(run).table("steps")
     loss = float(loss_table["loss"][-1]) if loss_table and len(loss_table.get("loss", [])) else np.nan
     c = run.config
     config = {k: c.get(k) for k in ("mode", "schedule", "microbatches", "stages_per_rank",

@@ -3,8 +3,9 @@
 Per epoch: training time = mean over ranks of /epochs/train_time; throughput = sum over data-parallel
 replicas of /epochs/tokens_per_sec (padded tokens, as HW5 counts). Every rank of dp_train and
 gpt2_train is its own replica (it trains on its own shard), so HW5's sum over ranks applies. All
-stages of a pp_train run work on the same batch: they form one replica, whose throughput is the mean
-over its stages (stages that record no tokens are left out). Warm-up epochs (the run's
+stages of a pipeline work on the same batch: they form one replica, whose throughput is the mean
+over its stages (stages that record no tokens are left out); a pp_train run with --dp D has D such
+replicas, each on its share of the batch, and its throughput is the sum of theirs. Warm-up epochs (the run's
 config.warmup_epochs unless overridden) are dropped, then mean and population standard deviation
 (numpy std, ddof=0) are taken over the remaining epochs."""
 
@@ -48,9 +49,13 @@ def epoch_table(run: Run) -> Dict[str, np.ndarray]:
             tokens_r[i, j] = t["padded_tokens"][idx[e]]
     time = time_r.mean(axis=1) if len(per_rank) else np.zeros(0)
     if run.is_pipeline:
-        counted = tokens_r > 0
-        n = np.maximum(counted.sum(axis=1), 1)
-        tok = np.where(counted, tok_r, 0).sum(axis=1) / n
+        # Per replica, the mean over its stages; then the sum over replicas.
+        replica = np.array([r.dp_rank for r in run.ranks])
+        tok = np.zeros(len(epochs))
+        for d in np.unique(replica):
+            counted = (tokens_r > 0) & (replica == d)
+            n = np.maximum(counted.sum(axis=1), 1)
+            tok = tok + np.where(counted, tok_r, 0).sum(axis=1) / n
     else:
         tok = tok_r.sum(axis=1)
     return {"epoch": epochs, "time": time, "tok": tok, "time_r": time_r, "tok_r": tok_r}
@@ -98,19 +103,21 @@ def speedups(baseline: Dict[str, float], new: Dict[str, float]) -> Dict[str, flo
 
 def step_breakdown(run: Run, warmup: Optional[int] = None) -> List[Dict[str, float]]:
     """Per rank: mean seconds per step of each phase (after warm-up epochs) and `other`, the rest
-    of the step's wall time."""
+    of the step's wall time; with several replicas also the rank's replica and pp_rank."""
     drop = warmup_of(run, warmup)
     out = []
     for r in run.ranks:
         s = r.table("steps")
+        where = {"replica": r.dp_rank, "pp_rank": r.pp_rank} if run.hybrid else {}
         if not s or len(s["step"]) == 0:
-            out.append({"rank": r.rank, "steps": 0, **{p: 0.0 for p in PHASES}, "other": 0.0, "total": 0.0})
+            out.append({"rank": r.rank, **where, "steps": 0, **{p: 0.0 for p in PHASES},
+                        "other": 0.0, "total": 0.0})
             continue
         keep = s["epoch"] >= s["epoch"].min() + drop
         if not keep.any():
             keep = np.ones_like(keep)
         total = (s["end"] - s["start"])[keep]
-        row = {"rank": r.rank, "steps": int(keep.sum())}
+        row = {"rank": r.rank, **where, "steps": int(keep.sum())}
         for p in PHASES:
             row[p] = float(np.mean(s[p][keep]))
         row["total"] = float(np.mean(total))
@@ -135,50 +142,73 @@ def clock_offset(rank, ref) -> float:
 
 def actions(run: Run) -> Dict[str, np.ndarray]:
     """All ranks' /actions rows concatenated (empty columns when the run recorded none), with
-    every rank's times moved onto the last rank's clock (clock_offset), and a `rank` column (the
-    file's rank; `stage` is the action's stage, which differs with several stages per rank)."""
+    every rank's times moved onto the loss rank's clock (clock_offset, loss_rank), and the columns
+    `rank` (the file's world rank), `replica` (its dp_rank) and `pp_rank` (its place in the
+    replica's pipeline). `stage` is the action's stage within its replica's pipeline (0..P V-1),
+    which differs from pp_rank with several stages per rank."""
     cols = ("step", "stage", "op", "microbatch", "start", "end", "bytes_sent", "bytes_recv")
+    extra = ("rank", "replica", "pp_rank")
     ranks = [r for r in run.ranks if r.rows("actions")]
     if not ranks:
-        return {c: np.zeros(0) for c in cols + ("rank",)}
-    ref = run.ranks[-1]
+        return {c: np.zeros(0) for c in cols + extra}
+    ref = loss_rank(run)
     parts = []
     for r in ranks:
         t = dict(r.table("actions"))
         off = clock_offset(r, ref)
         t["start"], t["end"] = t["start"] - off, t["end"] - off
         t["rank"] = np.full(len(t["step"]), float(r.rank))
+        t["replica"] = np.full(len(t["step"]), float(r.dp_rank))
+        t["pp_rank"] = np.full(len(t["step"]), float(r.pp_rank))
         parts.append(t)
-    return {c: np.concatenate([p[c] for p in parts]) for c in cols + ("rank",)}
+    return {c: np.concatenate([p[c] for p in parts]) for c in cols + extra}
+
+
+def stages_per_rank(run: Run, a: Dict[str, np.ndarray]) -> int:
+    """V from the actions: (highest stage + 1) // P, at least 1."""
+    return max(1, (int(a["stage"].max()) + 1) // run.pp) if a["stage"].size else 1
 
 
 def bubble(run: Run) -> Optional[Dict[str, float]]:
-    """Measured pipeline idle fraction: per step, 1 - (compute time summed over ranks) /
-    (ranks x step span), averaged over steps after the first; and the ideal (n-1)/(V M+n-1) for
-    n ranks running V stages each (V = 1 but for the interleaved schedule)."""
+    """Measured pipeline idle fraction: per replica and step, 1 - (compute time summed over the
+    replica's P ranks) / (P x the replica's step span), averaged over its steps after the first,
+    then over the replicas; and the ideal (P-1)/(V M+P-1) for P ranks per pipeline running V stages
+    each (V = 1 but for the interleaved schedule). `ranks` is P, `replicas` D."""
     a = actions(run)
     if a["step"].size == 0:
         return None
-    n = int(a["rank"].max()) + 1
-    v = max(1, (int(a["stage"].max()) + 1) // n)
+    n = run.pp
+    v = stages_per_rank(run, a)
     m = int(a["microbatch"].max()) + 1
-    fractions = []
-    for step in np.unique(a["step"]):
-        sel = a["step"] == step
-        span = a["end"][sel].max() - a["start"][sel].min()
-        comp = sel & np.isin(a["op"], COMPUTE_OPS)
-        busy = (a["end"][comp] - a["start"][comp]).sum()
-        if span > 0:
-            fractions.append(1.0 - busy / (n * span))
-    measured = fractions[1:] if len(fractions) > 1 else fractions
-    return {"ranks": n, "stages": n * v, "stages_per_rank": v, "microbatches": m,
-            "measured": float(np.mean(measured)), "ideal": (n - 1) / (v * m + n - 1),
-            "steps": len(fractions)}
+    per_replica, counted = [], []
+    for d in np.unique(a["replica"]):
+        mine = a["replica"] == d
+        fractions = []
+        for step in np.unique(a["step"][mine]):
+            sel = mine & (a["step"] == step)
+            span = a["end"][sel].max() - a["start"][sel].min()
+            comp = sel & np.isin(a["op"], COMPUTE_OPS)
+            busy = (a["end"][comp] - a["start"][comp]).sum()
+            if span > 0:
+                fractions.append(1.0 - busy / (n * span))
+        measured = fractions[1:] if len(fractions) > 1 else fractions
+        per_replica.append(float(np.mean(measured)))
+        counted.append(len(fractions))
+    out = {"replicas": run.dp, "ranks": n, "stages": n * v, "stages_per_rank": v, "microbatches": m,
+           "measured": float(np.mean(per_replica)), "ideal": (n - 1) / (v * m + n - 1),
+           "steps": counted[0]}
+    if run.dp > 1:
+        out["measured_per_replica"] = per_replica
+    return out
 
 
 def loss_rank(run: Run):
-    """The rank whose /steps loss is the model's: the last stage of a pipeline, else rank 0."""
-    return run.ranks[-1] if run.is_pipeline else run.ranks[0]
+    """The rank whose /steps loss is the model's: the last stage of a pipeline (the last pipeline
+    rank of replica 0 when there are several replicas), else rank 0."""
+    if not run.is_pipeline:
+        return run.ranks[0]
+    first = min(r.dp_rank for r in run.ranks)
+    return max(run.replica_ranks(first), key=lambda r: r.pp_rank)
 
 
 def losses(run: Run) -> Dict[str, object]:

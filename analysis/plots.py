@@ -124,7 +124,8 @@ def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
         vals = np.array([r[p] for r in rows]) * scale
         ax.bar(x, vals, bottom=bottom, color=PHASE_COLORS[p], label=PHASE_LABELS[p], width=0.6)
         bottom += vals
-    ax.set_xticks(x, [f"rank {r['rank']}" for r in rows])
+    ax.set_xticks(x, [f"replica {r['replica']}\nrank {r['pp_rank']}" if "replica" in r
+                      else f"rank {r['rank']}" for r in rows])
     ax.set_ylabel(f"mean time per step ({unit})")
     plain_axis(ax.yaxis)
     ax.set_title(f"Step time breakdown: {run.label()}\n({rows[0]['steps']} steps per rank after warm-up)",
@@ -190,7 +191,7 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     pipe = [p for p in points if p.get("mode") != "model_parallel"]
     mp = [p for p in points if p.get("mode") == "model_parallel"]
-    n = max([p["world_size"] for p in points] + [1])
+    n = max([p.get("pp", p["world_size"]) for p in points] + [1])  # ranks per pipeline
     scheds = sorted({p["schedule"] for p in pipe} | {p["schedule"] for p in predicted or []
                                                      if p["schedule"] != "model_parallel"})
     for i, sched in enumerate(scheds):

@@ -5,7 +5,12 @@ tables /steps, /epochs, /actions of equal-length float64 columns, and root attri
 A file that resumed runs continued has a /segments table (the row where each run's rows begin);
 it is read as one run: rows a resumed run repeated (it went back to its checkpoint) are taken from
 the latest run, and each run's times, which count from its own start, are shifted to follow the
-previous run's so that they keep increasing."""
+previous run's so that they keep increasing.
+
+A pp_train run with --dp D is D data-parallel replicas of one P-rank pipeline: world rank r is
+pipeline rank r % P of replica r // P. Its files carry the root attributes dp (D), dp_rank (the
+replica), pp (P) and pp_rank (the place in the pipeline). Files without them (every other program,
+and pp_train before --dp) read as D = 1, P = world_size, dp_rank = 0, pp_rank = rank."""
 
 from __future__ import annotations
 
@@ -66,6 +71,16 @@ class RankFile:
     def table(self, name: str) -> Dict[str, np.ndarray]:
         return self.tables.get(name, {})
 
+    @property
+    def dp_rank(self) -> int:
+        """The data-parallel replica this rank belongs to (0 without the attribute)."""
+        return int(self.attrs.get("dp_rank", 0))
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's place in its replica's pipeline (its world rank without the attribute)."""
+        return int(self.attrs.get("pp_rank", self.rank))
+
     def rows(self, name: str) -> int:
         t = self.table(name)
         return len(next(iter(t.values()))) if t else 0
@@ -97,6 +112,29 @@ class Run:
         return self.program == "pp_train"
 
     @property
+    def dp(self) -> int:
+        """D: data-parallel replicas of the pipeline (pp_train --dp); 1 without the attribute."""
+        d = self.ranks[0].attrs.get("dp")
+        if d is None and self.is_pipeline:
+            d = self.config.get("dp")
+        return max(1, int(d or 1))
+
+    @property
+    def pp(self) -> int:
+        """P: ranks per pipeline; world_size without the attribute (D = 1)."""
+        p = self.ranks[0].attrs.get("pp")
+        return max(1, int(p)) if p is not None else max(1, self.world_size // self.dp)
+
+    @property
+    def hybrid(self) -> bool:
+        """A pp_train run of several data-parallel replicas (D > 1)."""
+        return self.is_pipeline and self.dp > 1
+
+    def replica_ranks(self, replica: int) -> List["RankFile"]:
+        """The rank files of one replica present in the run, in pipeline order."""
+        return sorted((r for r in self.ranks if r.dp_rank == replica), key=lambda r: r.pp_rank)
+
+    @property
     def partial(self) -> bool:
         return any(r.partial for r in self.ranks)
 
@@ -112,14 +150,21 @@ class Run:
                              bool(self.config.get("zero_bubble", False)),
                              int(self.config.get("zb_extra_live", 0)))
 
+    @property
+    def layout(self) -> str:
+        """How the ranks are arranged: "n=4", or "2 x 2 hybrid" (D replicas x P pipeline ranks)."""
+        if self.hybrid:
+            return f"{self.dp} x {self.pp} hybrid"
+        return f"n={self.world_size}"
+
     def label(self) -> str:
         c = self.config
         if self.is_pipeline:
             mode = c.get("mode", "pipeline")
             if mode == "model_parallel":
-                return f"{self.program} model_parallel n={self.world_size}"
-            return f"{self.program} {self.schedule} M={c.get('microbatches', '?')} n={self.world_size}"
-        return f"{self.program} n={self.world_size}"
+                return f"{self.program} model_parallel {self.layout}"
+            return f"{self.program} {self.schedule} M={c.get('microbatches', '?')} {self.layout}"
+        return f"{self.program} {self.layout}"
 
 
 def _decode(value):
@@ -264,7 +309,25 @@ def read_run(directory) -> Run:
     world = int(ranks[0].attrs.get("world_size", len(ranks)))
     if len(ranks) != world:
         warn(f"{directory}: {len(ranks)} rank file(s) for world_size {world}; metrics use the ranks present")
+    _check_mesh(directory, ranks)
     return Run(directory, ranks)
+
+
+def _check_mesh(directory: Path, ranks: List[RankFile]) -> None:
+    """Rank files with the dp/pp attributes agree on D and P, and each rank r is pipeline rank
+    r % P of replica r // P."""
+    shapes = {(r.attrs.get("dp"), r.attrs.get("pp")) for r in ranks}
+    if len(shapes) > 1:
+        raise RunError(f"{directory}: the rank files disagree on dp x pp ({sorted(map(str, shapes))}); "
+                       "files from different runs were mixed in one directory")
+    for r in ranks:
+        if "pp" not in r.attrs:
+            continue
+        p = max(1, int(r.attrs["pp"]))
+        if (r.dp_rank, r.pp_rank) != (r.rank // p, r.rank % p):
+            raise RunError(f"{r.path}: rank {r.rank} says replica {r.dp_rank}, pipeline rank "
+                           f"{r.pp_rank}, but with pp {p} it is replica {r.rank // p}, pipeline rank "
+                           f"{r.rank % p}; files from different runs were mixed in one directory")
 
 
 def read_runs(directories) -> List[Run]:

@@ -48,12 +48,15 @@ def run_summary(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
     perf = metrics.run_performance(run, warmup)
     out = {
         "run": str(run.path), "label": run.label(), "program": run.program,
-        "world_size": run.world_size, "partial": run.partial, "config": run.config,
+        "world_size": run.world_size, **({"dp": run.dp, "pp": run.pp} if run.hybrid else {}),
+        "partial": run.partial, "config": run.config,
         "ranks": [{"rank": r.rank, "file": r.path.name, "partial": r.partial,
                    "host": r.attrs.get("host"), "device": r.attrs.get("device"),
                    "gpu_name": r.attrs.get("gpu_name"), "git_commit": r.attrs.get("git_commit"),
                    "steps": r.rows("steps"), "epochs": r.rows("epochs"),
-                   "actions": r.rows("actions")} for r in run.ranks],
+                   "actions": r.rows("actions"),
+                   **({"dp_rank": r.dp_rank, "pp_rank": r.pp_rank} if run.hybrid else {})}
+                  for r in run.ranks],
         "performance": perf,
         "step_breakdown": metrics.step_breakdown(run, warmup),
         "losses": metrics.losses(run),

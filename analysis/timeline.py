@@ -2,7 +2,9 @@
 per forward/backward micro-batch, communication as thin boxes below, bubbles left blank; with
 several stages per rank (interleaved) the later stages' boxes are hatched and labelled
 "micro-batch/stage") and the whole run as a Chrome/Perfetto trace (chrome://tracing or
-ui.perfetto.dev).
+ui.perfetto.dev). A run of D data-parallel replicas (pp_train --dp D) shows every replica: one row
+per world rank, replica 0's P rows first, each replica's rows set apart from the next and labelled
+"replica d, rank p"; in the trace each world rank is a process named "replica d rank p".
 
 Times are each rank's own clock (seconds since that rank started the run), moved onto the last
 stage's clock by metrics.clock_offset (the loss broadcast that ends every step is the common
@@ -58,22 +60,47 @@ def pick_step(run: Run, step: Optional[int] = None) -> int:
     return int(steps[-1])
 
 
-def gantt(run: Run, path, step: Optional[int] = None) -> Path:
+REPLICA_GAP = 0.6  # extra space between two replicas' rows (in rows)
+
+
+def row_names(run: Run, v: int) -> List[str]:
+    """The gantt's row labels, top to bottom: one per world rank, replica by replica."""
+    d, n = run.dp, run.pp
+    names = []
+    for k in range(d * n):
+        rep, p = divmod(k, n)
+        name = f"replica {rep}, rank {p}" if d > 1 else f"rank {p}"
+        if v > 1:
+            name += ": stages " + ", ".join(str(p + c * n) for c in range(v))
+        names.append(name)
+    return names
+
+
+def gantt_figure(run: Run, step: Optional[int] = None):
+    """The gantt chart of one step as (figure, axes), not yet saved (gantt writes it)."""
     a = _require_actions(run)
     step = pick_step(run, step)
     sel = a["step"] == step
     t0 = a["start"][sel].min()
-    n = int(a["rank"].max()) + 1
-    v = max(1, (int(a["stage"].max()) + 1) // n)  # stages per rank
+    d, n = run.dp, run.pp  # replicas, ranks per pipeline
+    rows = d * n
+    v = metrics.stages_per_rank(run, a)
+    gap = REPLICA_GAP if d > 1 else 0.0
+
+    def row_y(replica: int, p: int) -> float:
+        # Top to bottom: replica 0's ranks 0..P-1, then replica 1's, ...
+        return rows - 1 - (replica * n + p) + gap * (d - 1 - replica)
+
     span_ms = (a["end"][sel].max() - t0) * 1e3
-    fig, ax = plt.subplots(figsize=(11, 0.9 * n + 1.8))
+    top = row_y(0, 0)
+    fig, ax = plt.subplots(figsize=(11, 0.9 * (top + 1) + 1.8))
     for i in np.flatnonzero(sel):
-        rank, stage = int(a["rank"][i]), int(a["stage"][i])
+        stage = int(a["stage"][i])
         op, mb = int(a["op"][i]), int(a["microbatch"][i])
         x0 = (a["start"][i] - t0) * 1e3
         w = (a["end"][i] - a["start"][i]) * 1e3
         compute = op in (0, 1, 6, 7)
-        y = n - 1 - rank
+        y = row_y(int(a["replica"][i]), int(a["pp_rank"][i]))
         h, yb = (0.6, y - 0.22) if compute else (0.18, y - 0.45)
         later = op in (0, 1, 7) and stage >= n  # a later stage of an interleaved rank
         ax.broken_barh([(x0, w)], (yb, h), facecolors=OP_COLORS.get(op, "black"),
@@ -81,26 +108,37 @@ def gantt(run: Run, path, step: Optional[int] = None) -> Path:
         if op in (0, 1, 7) and w > span_ms * (0.012 if v == 1 else 0.02):
             ax.text(x0 + w / 2, yb + h / 2, str(mb) if v == 1 else f"{mb}/{stage}", ha="center",
                     va="center", color="white", fontsize=8, fontweight="bold")
-    names = [f"rank {r}" if v == 1 else f"rank {r}: stages " + ", ".join(str(r + c * n) for c in range(v))
-             for r in range(n)]
-    ax.set_yticks(range(n), [names[n - 1 - k] for k in range(n)])
-    ax.set_ylim(-0.6, n - 0.3)
+    names = row_names(run, v)
+    if d == 1:
+        ax.set_yticks(range(n), [names[n - 1 - k] for k in range(n)])
+    else:
+        ax.set_yticks([row_y(k // n, k % n) for k in range(rows)], names)
+        for rep in range(1, d):  # between replica rep-1's last row and replica rep's first
+            ax.axhline((row_y(rep - 1, n - 1) + row_y(rep, 0)) / 2 - 0.06, color="gray", lw=1.2,
+                       ls="--", alpha=0.8)
+    ax.set_ylim(-0.6, rows - 0.3 + gap * (d - 1))
     ax.set_xlim(0, span_ms * 1.01)
     ax.set_xlabel(f"time since the step started (ms); step {step}")
     plain_axis(ax.xaxis)
     b = metrics.bubble(run)
     bub = f", idle {b['measured']:.0%} (ideal bubble {b['ideal']:.0%})" if b else ""
     boxes = "micro-batch number" if v == 1 else "micro-batch/stage, later stages hatched"
+    where = (f"\n{d} replicas x {n} pipeline ranks, replica 0 on top" if d > 1 else "")
     ax.set_title(f"Pipeline timeline: {run.label()}{bub}\nboxes: {boxes}; "
-                 "thin boxes below: communication; gaps: bubbles", fontsize=10)
+                 f"thin boxes below: communication; gaps: bubbles{where}", fontsize=10)
     ops = sorted({int(o) for o in a["op"][sel]})
     ax.legend(handles=[Patch(color=OP_COLORS[o], label=metrics.OP_NAMES[o]) for o in ops],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28 if n < 3 else -0.18), ncol=len(ops),
+              loc="upper center", bbox_to_anchor=(0.5, -0.28 if rows < 3 else -0.18), ncol=len(ops),
               fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig, ax
+
+
+def gantt(run: Run, path, step: Optional[int] = None) -> Path:
+    fig, _ = gantt_figure(run, step)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
@@ -108,17 +146,26 @@ def gantt(run: Run, path, step: Optional[int] = None) -> Path:
     return path
 
 
+def process_name(run: Run, rank: int) -> str:
+    """The trace's name for world rank `rank`: "rank r", or "replica d rank p" with replicas."""
+    if run.dp > 1:
+        rep, p = divmod(rank, run.pp)
+        return f"replica {rep} rank {p}"
+    return f"rank {rank}"
+
+
 def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
-    """traceEvents: complete events (ph "X") with pid = rank, tid 0 compute / 1 communication,
-    ts and dur in microseconds; metadata events name the processes and threads. Event names carry
-    the stage when a rank runs several ("F 3 @2": forward of micro-batch 3 on stage 2)."""
+    """traceEvents: complete events (ph "X") with pid = world rank, tid 0 compute / 1 communication,
+    ts and dur in microseconds; metadata events name the processes ("rank r", or "replica d rank p"
+    for a run of several replicas) and threads. Event names carry the stage when a rank runs
+    several ("F 3 @2": forward of micro-batch 3 on stage 2 of its replica's pipeline)."""
     a = _require_actions(run)
     events: List[Dict] = []
-    n = int(a["rank"].max()) + 1
-    several = int(a["stage"].max()) + 1 > n
+    n = max(int(a["rank"].max()) + 1, run.dp * run.pp if run.dp > 1 else 0)
+    several = int(a["stage"].max()) + 1 > run.pp
     for rank in range(n):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                       "args": {"name": f"rank {rank}"}})
+                       "args": {"name": process_name(run, rank)}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                        "args": {"sort_index": rank}})
         for tid, name in ((0, "compute"), (1, "communication")):
@@ -129,13 +176,16 @@ def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
         name = f"{OP_SHORT.get(op, op)} {int(a['microbatch'][i])}" if op != 6 else "optimizer"
         if several and op != 6:
             name += f" @{int(a['stage'][i])}"
+        args = {"step": int(a["step"][i]), "stage": int(a["stage"][i]),
+                "microbatch": int(a["microbatch"][i]),
+                "bytes_sent": int(a["bytes_sent"][i]), "bytes_recv": int(a["bytes_recv"][i])}
+        if run.dp > 1:
+            args["replica"] = int(a["replica"][i])
         events.append({
             "name": name, "cat": metrics.OP_NAMES.get(op, str(op)), "ph": "X",
             "pid": int(a["rank"][i]), "tid": 0 if op in (0, 1, 6, 7) else 1,
             "ts": float(a["start"][i] * 1e6), "dur": float(max(0.0, a["end"][i] - a["start"][i]) * 1e6),
-            "args": {"step": int(a["step"][i]), "stage": int(a["stage"][i]),
-                     "microbatch": int(a["microbatch"][i]),
-                     "bytes_sent": int(a["bytes_sent"][i]), "bytes_recv": int(a["bytes_recv"][i])}})
+            "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run": str(run.path), "label": run.label()}}
 
