@@ -3,6 +3,7 @@
 // model parallelism and idle fraction for every combination, before any multi-GPU time is spent.
 //
 //   pp_plan --stages 2 --batch-size 64 --seq-len 128 --precision fp32 --microbatches 1,2,4,8,16
+//   pp_plan --gpus 4 --batch-size 64 ...    every D x P = 4 (pp_train --dp D on P-rank pipelines)
 //
 // The prediction assumes identical devices per stage, backward = 2/3 of a layer's forward +
 // backward time, and --link-gbs for activation/gradient transfers; it leaves out the optimizer
@@ -30,6 +31,8 @@ struct Flags {
   gpt2p::model::Precision precision = gpt2p::model::Precision::kFp32;
   gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kAuto;
   std::string json_out;
+  int gpus = 0;              // > 0: predict every D x P split of this many GPUs
+  double allreduce_gbs = 250;  // bus bandwidth of the replicas' gradient all-reduce
   std::string data = ".cache/data/ding-gpt2.h5";
   int64_t max_train_pairs = 5000;
   double loss_fraction = -1;  // -1: from --data
@@ -87,6 +90,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("zero-bubble", po::bool_switch(&s.zero_bubble), "also predict every pipeline row with pp_train --zero-bubble (split backwards, W's in the bubbles)")
       ("zb-extra-live", po::value(&zbs)->default_value(zbs), "with --zero-bubble: pp_train --zb-extra-live values to predict, comma-separated (0 = the memory of the schedule without --zero-bubble, -1 = no limit)")
       ("link-gbs", po::value(&s.link_gbs)->default_value(s.link_gbs), "GB/s of one activation or gradient transfer between stages (NVLink on H200: ~250)")
+      ("gpus", po::value(&f.gpus)->default_value(f.gpus), "instead of one --stages: every split of this many GPUs into D data-parallel replicas of a P-rank pipeline (pp_train --dp D), each at its fastest plan for a replica's batch, plus the replicas' gradient all-reduce; prints which it would pick")
+      ("allreduce-gbs", po::value(&f.allreduce_gbs)->default_value(f.allreduce_gbs), "with --gpus: NCCL all-reduce bus bandwidth between replicas in GB/s (comm_bench's busbw; 2 x H200 over NVLink: ~310)")
       ("reps", po::value(&s.reps)->default_value(s.reps), "timed iterations per round of the layer profile")
       ("loss-fraction", po::value(&f.loss_fraction), "share of positions whose loss counts, where pp_train runs the head (its default --loss-positions targets); 1 = every position (--loss-positions all). Default: the share in --data's first --max-train-pairs pairs at --seq-len, as pp_train prints it; 1 when that file is missing")
       ("data", po::value(&f.data)->default_value(f.data), "prepared dataset the default --loss-fraction is read from")
@@ -113,10 +118,12 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (s.batch_size < 1 || s.seq_len < 1) throw UsageError("--batch-size and --seq-len must be positive");
   if (s.reps < 1) throw UsageError("--reps must be at least 1");
   if (s.link_gbs <= 0) throw UsageError("--link-gbs must be positive");
+  if (f.gpus < 0) throw UsageError("--gpus " + std::to_string(f.gpus) + ": pass a GPU count >= 1");
+  if (f.allreduce_gbs <= 0) throw UsageError("--allreduce-gbs must be positive");
   if (vm.count("loss-fraction") && !(f.loss_fraction > 0 && f.loss_fraction <= 1))
     throw UsageError("--loss-fraction " + std::to_string(f.loss_fraction) + ": pass a share in (0, 1], e.g. 0.094");
   for (int m : s.microbatches) {
-    if (s.batch_size % m != 0)
+    if (f.gpus == 0 && s.batch_size % m != 0)
       throw UsageError("--microbatches: " + std::to_string(m) + " does not divide --batch-size " +
                        std::to_string(s.batch_size) + "; drop it or change the batch");
   }
@@ -139,6 +146,115 @@ double loss_fraction(const Flags& f) {
       gpt2p::data::target_counts(train, pairs, f.spec.seq_len, file.meta().special), f.spec.seq_len);
 }
 
+// The fp32 gradient bytes the busiest rank of a split ("0-8|9-13", inclusive layers per stage;
+// rank r holds stages r, r + ranks, ...) sums over its replicas: its stages' parameters, with the
+// head stage's own copy of the tied wte.
+double busiest_rank_gradient_bytes(const gpt2p::model::GPT2Config& c, const std::string& split,
+                                   int ranks) {
+  std::vector<double> per_rank(static_cast<size_t>(ranks), 0.0);
+  std::stringstream ss(split);
+  std::string stage;
+  for (int s = 0; std::getline(ss, stage, '|'); ++s) {
+    const auto dash = stage.find('-');
+    const int first = std::stoi(stage.substr(0, dash));
+    const int last = dash == std::string::npos ? first : std::stoi(stage.substr(dash + 1));
+    double params = 0;
+    for (int l = first; l <= last; ++l) params += static_cast<double>(c.layer_parameters(l));
+    if (last == c.num_stage_layers() - 1 && first > 0) {
+      params += static_cast<double>(c.padded_vocab_size() * c.n_embd);
+    }
+    per_rank[static_cast<size_t>(s % ranks)] += 4.0 * params;
+  }
+  return *std::max_element(per_rank.begin(), per_rank.end());
+}
+
+// --gpus G: for every D dividing G (P = G / D), the fastest plan of a P-rank pipeline at the
+// replica's batch (global batch / D) plus a ring all-reduce of the busiest rank's gradients over
+// the D replicas, 2 (D - 1) / D x bytes at --allreduce-gbs, which pp_train runs after the
+// pipeline's step (not overlapped). Ranked by tokens per second of the whole job.
+int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10::Device& device) {
+  namespace pl = gpt2p::pipeline;
+  struct Pick {
+    int dp, pp;
+    pl::PlanRow row;
+    double allreduce_s, step_s;
+  };
+  std::vector<Pick> picks;
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("# hybrid: %d GPU(s) as D replicas x P pipeline ranks, global batch %lld x %lld\n",
+              f.gpus, static_cast<long long>(f.spec.batch_size),
+              static_cast<long long>(f.spec.seq_len));
+  for (int dp = 1; dp <= f.gpus; ++dp) {
+    if (f.gpus % dp != 0) continue;
+    const int pp = f.gpus / dp;
+    if (f.spec.batch_size % dp != 0 || pp > config.n_layer) {
+      std::printf("# D=%d x P=%d: skipped (%s)\n", dp, pp,
+                  f.spec.batch_size % dp != 0 ? "the batch does not split over D"
+                                              : "more pipeline ranks than blocks");
+      continue;
+    }
+    pl::PlanSpec spec = f.spec;
+    spec.stages = pp;
+    spec.batch_size = f.spec.batch_size / dp;
+    spec.microbatches.clear();
+    for (int m : f.spec.microbatches) {
+      if (spec.batch_size % m == 0) spec.microbatches.push_back(m);
+    }
+    if (spec.microbatches.empty()) spec.microbatches = {1};
+    if (pp == 1) spec.stages_per_rank = {1};
+    const pl::Plan plan = pl::make_plan(config, spec, device);
+    const pl::PlanRow* best = nullptr;
+    for (const auto& r : plan.rows) {
+      if (best == nullptr || r.step_s < best->step_s) best = &r;
+    }
+    if (best == nullptr) continue;
+    const double bytes = busiest_rank_gradient_bytes(config, best->split, pp);
+    const double allreduce = dp == 1 ? 0.0 : 2.0 * (dp - 1) / dp * bytes / (f.allreduce_gbs * 1e9);
+    picks.push_back({dp, pp, *best, allreduce, best->step_s + allreduce});
+  }
+  std::sort(picks.begin(), picks.end(),
+            [](const Pick& a, const Pick& b) { return a.step_s < b.step_s; });
+  const double tokens = static_cast<double>(f.spec.batch_size * f.spec.seq_len);
+  std::printf("%3s %3s %-18s %2s %4s %-9s %10s %12s %10s %10s\n", "D", "P", "schedule", "V", "M",
+              "partition", "pipe_ms", "allreduce_ms", "step_ms", "tok/s");
+  for (const auto& p : picks) {
+    const std::string schedule =
+        p.row.schedule == "model_parallel" ? "mp" : p.row.schedule + zb_tag(p.row);
+    std::printf("%3d %3d %-18s %2d %4d %-9s %10.3f %12.3f %10.3f %10.0f\n", p.dp, p.pp,
+                schedule.c_str(), p.row.stages_per_rank, p.row.microbatches,
+                gpt2p::name_string(p.row.partition).c_str(), 1e3 * p.row.step_s,
+                1e3 * p.allreduce_s, 1e3 * p.step_s, tokens / p.step_s);
+    rows.push_back({{"dp", p.dp}, {"pp", p.pp}, {"schedule", p.row.schedule},
+                    {"stages_per_rank", p.row.stages_per_rank},
+                    {"zero_bubble", p.row.zero_bubble}, {"microbatches", p.row.microbatches},
+                    {"partition", gpt2p::name_string(p.row.partition)}, {"split", p.row.split},
+                    {"pipeline_step_s", p.row.step_s}, {"allreduce_s", p.allreduce_s},
+                    {"step_s", p.step_s}, {"tokens_per_s", tokens / p.step_s}});
+  }
+  if (!picks.empty()) {
+    const auto& p = picks.front();
+    const std::string schedule = p.row.schedule == "model_parallel" ? "1f1b" : p.row.schedule;
+    std::printf("# pick on %d GPU(s): mpirun -np %d pp_train --dp %d --partition %s --schedule %s"
+                "%s%s --microbatches %d: %.3f ms per step, %.0f tokens/s\n",
+                f.gpus, f.gpus, p.dp, gpt2p::name_string(p.row.partition).c_str(),
+                schedule.c_str(),
+                p.row.stages_per_rank > 1
+                    ? (" --stages-per-rank " + std::to_string(p.row.stages_per_rank)).c_str()
+                    : "",
+                p.row.zero_bubble ? " --zero-bubble" : "", p.row.microbatches, 1e3 * p.step_s,
+                tokens / p.step_s);
+  }
+  if (!f.json_out.empty()) {
+    nlohmann::json doc{{"program", "pp_plan"},          {"model", gpt2p::model::describe(config)},
+                       {"gpus", f.gpus},                {"batch_size", f.spec.batch_size},
+                       {"seq_len", f.spec.seq_len},     {"precision", gpt2p::name_string(f.precision)},
+                       {"link_gbs", f.spec.link_gbs},   {"allreduce_gbs", f.allreduce_gbs},
+                       {"loss_fraction", f.spec.loss_fraction}, {"hybrid", rows}};
+    gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
+  }
+  return picks.empty() ? 1 : 0;
+}
+
 int run(Flags f) {
   namespace pl = gpt2p::pipeline;
   f.spec.loss_fraction = loss_fraction(f);
@@ -150,6 +266,7 @@ int run(Flags f) {
                                  : c10::Device(c10::kCPU);
   gpt2p::compat::set_strict_fp32(f.precision == gpt2p::model::Precision::kFp32);
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
+  if (f.gpus > 0) return run_hybrid(f, config, device);
   const pl::Plan plan = pl::make_plan(config, f.spec, device);
 
   std::printf("# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",

@@ -52,9 +52,20 @@ ncclDataType_t nccl_type(torch::ScalarType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
 
-int pick_device(const Topology& topo) {
+// The GPU of options.device when it names one (a communicator over a subgroup of the job, whose
+// own local ranks are not the node's), else the local rank's.
+int pick_device(const Topology& topo, const torch::Device& requested) {
   int count = 0;
   GPT2P_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (requested.is_cuda() && requested.has_index()) {
+    const int index = requested.index();
+    GPT2P_CHECK(index >= 0 && index < count,
+                "the NCCL communicator was asked for cuda:" << index << " but " << topo.host
+                                                            << " has " << count << " visible GPU(s)",
+                "this is a bug: pass the rank's own GPU in CommOptions::device");
+    GPT2P_CUDA_CHECK(cudaSetDevice(index));
+    return index;
+  }
   GPT2P_CHECK(topo.local_rank < count,
               "rank " << topo.rank << " is local rank " << topo.local_rank << " on " << topo.host
                       << " but that host has only " << count << " visible GPU(s)",
@@ -71,7 +82,7 @@ class NcclCommunicator final : public Communicator {
         mpi_comm_(dup),
         check_sizes_(options.check_sizes),
         state_(std::make_shared<NcclState>()),
-        device_(pick_device(topology())),
+        device_(pick_device(topology(), options.device)),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
                                              static_cast<c10::DeviceIndex>(device_))) {
     state_->device = device_;

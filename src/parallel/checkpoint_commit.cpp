@@ -66,6 +66,16 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
   const bool leader = ctx.topo.rank == 0;
   const auto timeout = ctx.checkpoint_timeout();
   state.rng_state = compat::rng_state(ctx.device);
+  // With --dp D, replica 0 writes each stage, with the generator states of that stage's D ranks.
+  const bool writer = ctx.mesh.dp_rank == 0;
+  if (ctx.mesh.dp > 1) {
+    const auto all = gather_bytes(*ctx.control, state.rng_state);
+    state.rank_rng_states.clear();
+    for (int d = 0; d < ctx.mesh.dp; ++d) {
+      const int r = ctx.mesh.world_rank(d, ctx.mesh.pp_rank);
+      state.rank_rng_states.push_back(all[static_cast<size_t>(r)]);
+    }
+  }
   // 1. A clean staging directory (a run killed while saving may have left one).
   cli::on_every_rank(
       [&] {
@@ -80,6 +90,7 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
   try {
     cli::on_every_rank(
         [&] {
+          if (!writer) return;
           for (const auto& part : mine) {
             model::save_checkpoint(staging + "/stage" + std::to_string(part.stage), *part.model,
                                    part.optimizer, state);

@@ -7,6 +7,30 @@
 
 namespace gpt2p::parallel {
 
+void sum_replica_gradients(const std::vector<model::GPT2>& stages, comm::Communicator& replicas,
+                           double bucket_mb) {
+  if (replicas.size() == 1) return;
+  const auto limit = static_cast<int64_t>(bucket_mb * (1 << 20));
+  std::vector<torch::Tensor> bucket;
+  int64_t bytes = 0;
+  const auto flush = [&] {
+    if (!bucket.empty()) replicas.all_reduce(bucket, comm::ReduceOp::kSum);
+    bucket.clear();
+    bytes = 0;
+  };
+  for (const auto& m : stages) {
+    for (auto& p : m->parameters()) {
+      if (!p.grad().defined()) continue;
+      // One dtype per flattened buffer.
+      if (!bucket.empty() && bucket.front().scalar_type() != p.grad().scalar_type()) flush();
+      bucket.push_back(p.mutable_grad());
+      bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+      if (bytes >= limit) flush();
+    }
+  }
+  flush();
+}
+
 void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm) {
   const int n = comm.size();
   if (n == 1) return;

@@ -82,6 +82,14 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
   return r;
 }
 
+// Replica 0's measured layer costs on every replica (float64 over `dp_comm`'s device).
+std::vector<double> broadcast_costs(comm::Communicator& dp_comm, const std::vector<double>& costs) {
+  auto t = torch::tensor(costs, torch::TensorOptions().dtype(torch::kFloat64)).to(dp_comm.device());
+  dp_comm.broadcast(t, 0);
+  t = t.cpu().contiguous();
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+}
+
 }  // namespace
 
 namespace {
@@ -119,7 +127,7 @@ class PipelineStep final : public StepStrategy {
   }
 
   double step(io::StepRecord& rec, bool /*more*/) override {
-    const int n = ctx_.topo.size, rank = ctx_.topo.rank;
+    const int n = ctx_.mesh.pp, rank = ctx_.mesh.pp_rank;
     const auto t0 = Clock::now();
     auto batch = data_.next();
     auto dev = to_device(batch.batch, ctx_.device);
@@ -130,6 +138,9 @@ class PipelineStep final : public StepStrategy {
     rec.data = since(t0);
     const auto times = executor_.run_step(rec.step, rec.start + rec.data);
     clock_.mark(0);
+    // Each stage's gradient summed over its replicas (each replica's loss is its share of the
+    // global batch's mean), then the tied weight's two halves within each pipeline.
+    if (ctx_.dp_comm) sum_replica_gradients(models_, *ctx_.dp_comm, cfg_.bucket_mb);
     parallel::sync_tied_gradient(models_, *ctx_.comm);
     clock_.mark(1);
     if (cfg_.grad_clip > 0) parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
@@ -154,6 +165,7 @@ class PipelineStep final : public StepStrategy {
     auto loss =
         torch::tensor({loss_sum}, torch::TensorOptions().dtype(torch::kFloat64)).to(ctx_.device);
     if (n > 1) ctx_.comm->broadcast(loss, n - 1);
+    if (ctx_.dp_comm) ctx_.dp_comm->all_reduce(loss, comm::ReduceOp::kSum);
     rec.loss = loss.item<double>();
     rec.padded_tokens = batch.batch.padded_tokens;
     rec.target_tokens = batch.batch.target_tokens;
@@ -167,8 +179,10 @@ class PipelineStep final : public StepStrategy {
       rec.flops += model::training_flops(ctx_.model_config, r.begin, r.end, rec.padded_tokens,
                                          cfg_.seq_len, head_rows);
     }
-    return model::training_flops(ctx_.model_config, 0, ctx_.model_config.num_stage_layers(),
-                                 rec.padded_tokens, cfg_.seq_len, head_rows);
+    // Every replica's tokens: the data's share of each is the same size.
+    return ctx_.mesh.dp * model::training_flops(ctx_.model_config, 0,
+                                                ctx_.model_config.num_stage_layers(),
+                                                rec.padded_tokens, cfg_.seq_len, head_rows);
   }
 
   void save(const std::string& dir, const model::TrainState& state) override {
@@ -182,7 +196,7 @@ class PipelineStep final : public StepStrategy {
   EpochEval evaluate(int64_t epoch) override {
     const auto val = pipeline_validation_loss(models_, *ctx_.comm,
                                               data_.dataset().split("validation"),
-                                              cfg_.max_eval_pairs, cfg_.batch_size / m_,
+                                              cfg_.max_eval_pairs, data_.local_batch() / m_,
                                               cfg_.seq_len, data_.special(), bf16_);
     if (ctx_.topo.rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
@@ -215,11 +229,9 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, parallel::Program::kPipeline, topo);
   const auto& cfg = ctx.cfg;
-  const int n = topo.size, rank = topo.rank;
+  // This rank's pipeline: n ranks, of which it is `rank` (the world with --dp 1; mesh.h).
+  const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
   const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
-  GPT2P_CHECK(cfg.batch_size % m == 0,
-              "--microbatches " << m << " does not divide --batch-size " << cfg.batch_size,
-              "pick --microbatches dividing --batch-size");
   const bool bf16 = cfg.precision == model::Precision::kBf16;
   const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
@@ -230,9 +242,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
               "--microbatches " << m << " is not a multiple of the " << n
                                 << " ranks, as --schedule interleaved needs",
               "pick --microbatches from " << n << ", " << 2 * n << ", " << 4 * n << ", ...");
-  // Pipeline ranks all see the full global batch (a data "world" of one).
+  // A pipeline's ranks all see their replica's batch: replica d is data rank d of D (with --dp 1
+  // the global batch, a data "world" of one).
   std::optional<TrainData> opened;
-  open_train_data(ctx, /*rank=*/0, /*world=*/1, opened);
+  open_train_data(ctx, ctx.mesh.dp_rank, ctx.mesh.dp, opened);
   TrainData& data = *opened;
   const auto positions = cfg.loss_positions;
   // The head's cost depends on how many positions it runs at: the data's share of targets.
@@ -240,8 +253,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
   if (cfg.partition == pipeline::PartitionKind::kMeasured && cfg.resume.empty()) {
-    costs = measured_layer_costs(*ctx.comm, ctx.model_config, cfg.batch_size / m, cfg.seq_len,
-                                 bf16, loss_share);
+    costs = measured_layer_costs(*ctx.comm, ctx.model_config, data.local_batch() / m,
+                                 cfg.seq_len, bf16, loss_share);
+    // Every replica splits as replica 0 measured, or their stages would differ.
+    if (ctx.dp_comm) costs = broadcast_costs(*ctx.dp_comm, costs);
     compat::reset_peak_memory(ctx.device);
   }
   pipeline::Partition split;  // agreed: a checkpoint every rank rejects is reported once
@@ -289,7 +304,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
                                              optimizers[static_cast<size_t>(c)].get());
             if (c == 0) state = st;
           }
-          compat::set_rng_state(ctx.device, state.rng_state);
+          compat::set_rng_state(ctx.device,
+                                ctx.mesh.dp > 1
+                                    ? rank_rng_state(state, ctx.mesh.dp_rank, ctx.mesh.dp)
+                                    : state.rng_state);
         },
         ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
@@ -321,6 +339,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"),
                            cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   recorder.set_attribute("stage", rank);
+  recorder.set_attribute("dp", ctx.mesh.dp);
+  recorder.set_attribute("dp_rank", ctx.mesh.dp_rank);
+  recorder.set_attribute("pp", ctx.mesh.pp);
+  recorder.set_attribute("pp_rank", ctx.mesh.pp_rank);
   // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
   // (layer_begin_<c>, layer_end_<c>).
   for (int c = 0; c < v; ++c) {
@@ -336,12 +358,15 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     recorder.set_attribute("layer_time_block_s", costs[1]);
     recorder.set_attribute("layer_time_head_s", costs.back());
   }
-  if (rank == 0) {
+  if (topo.rank == 0) {
+    const std::string replicas =
+        ctx.mesh.dp > 1 ? std::to_string(ctx.mesh.dp) + " replicas of " : std::string();
     std::printf(
-        "pp_train: %d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, %d micro-batch(es), "
-        "global batch %lld x %lld tokens\n  %s split (layers, inclusive): %s\n"
+        "pp_train: %s%d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, "
+        "%d micro-batch(es), global batch %lld x %lld tokens\n"
+        "  %s split (layers, inclusive): %s\n"
         "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
-        n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        replicas.c_str(), n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
         name_string(cfg.schedule).c_str(), m,
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
@@ -360,7 +385,9 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
 
   PipelineStep strategy(ctx, data, recorder, models, optimizers, stages, executor, my_stages, split,
                         m, bf16, positions);
-  return run_training(ctx, data, recorder, state, {"pp_train", rank, n, 1.0}, strategy);
+  return run_training(ctx, data, recorder, state,
+                      {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp)},
+                      strategy);
 }
 
 }  // namespace gpt2p::parallel

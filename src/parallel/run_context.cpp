@@ -99,8 +99,14 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
 
 RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program, const Topology& topo) {
   std::optional<data::BpeTokenizer> tokenizer;
+  Mesh mesh{topo.size, 1, topo.rank, 0};  // dp_train, gpt2_train: every rank a replica
   cli::on_every_rank([&] {
     parallel::resolve_train_config(cfg, program, compat::cuda_available());
+    if (program == parallel::Program::kPipeline) {
+      mesh = make_mesh(topo.size, topo.rank, cfg.dp);
+      check_mesh_batch(mesh, cfg.batch_size,
+                       cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches);
+    }
     compat::set_attention_backend(cfg.attention);
     if (!cfg.profile.empty()) compat::Profiler::require_available();
     check_output(cfg);
@@ -110,8 +116,9 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   cli::check_same_config(parallel::to_json(cfg), timeout);
   const auto special = data::register_special_tokens(*tokenizer);
   const Placement placement = place_rank(cfg, topo, timeout);
-  RunContext ctx{std::move(cfg), topo,    torch::Device(torch::kCPU), nullptr, nullptr, nullptr,
-                 nullptr,        nullptr, std::move(*tokenizer),      special, {},
+  RunContext ctx{std::move(cfg), topo,    mesh,    torch::Device(torch::kCPU),
+                 nullptr,        nullptr, nullptr, nullptr,
+                 nullptr,        nullptr, std::move(*tokenizer), special, {},
                  model::Kernels::kReference, {}, 0.0};
   comm::CommOptions copts;
   copts.timeout = timeout;
@@ -132,11 +139,28 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     torch::set_num_threads(static_cast<int>(std::max(1U, cores / static_cast<unsigned>(topo.local_size))));
   }
   compat::set_strict_fp32(ctx.cfg.precision == model::Precision::kFp32);
-  ctx.comm = comm::make_communicator(copts);
-  if (program == parallel::Program::kPipeline) ctx.grad_comm = comm::make_communicator(copts);
+  // A pipeline's communicators span its replica's ranks; with --dp > 1 each stage's replicas
+  // get one more (mesh.h). MPI_Comm_split orders each group's ranks by the key.
+  // (Every rank is here: the placement's timed agreement has just passed.)
+  const bool hybrid = program == parallel::Program::kPipeline && mesh.dp > 1;
+  MPI_Comm pipeline_group = MPI_COMM_WORLD, replica_group = MPI_COMM_NULL;
+  if (hybrid) {
+    GPT2P_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, mesh.dp_rank, mesh.pp_rank, &pipeline_group));
+    GPT2P_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, mesh.pp_rank, mesh.dp_rank, &replica_group));
+  }
+  ctx.comm = comm::make_communicator(copts, pipeline_group);
+  if (program == parallel::Program::kPipeline) {
+    ctx.grad_comm = comm::make_communicator(copts, pipeline_group);
+  }
   if (program == parallel::Program::kPipeline && ctx.cfg.stages_per_rank > 1) {
-    ctx.act_wrap_comm = comm::make_communicator(copts);
-    ctx.grad_wrap_comm = comm::make_communicator(copts);
+    ctx.act_wrap_comm = comm::make_communicator(copts, pipeline_group);
+    ctx.grad_wrap_comm = comm::make_communicator(copts, pipeline_group);
+  }
+  if (hybrid) {
+    ctx.dp_comm = comm::make_communicator(copts, replica_group);
+    // The communicators hold duplicates of the groups.
+    GPT2P_MPI_CHECK(MPI_Comm_free(&pipeline_group));
+    GPT2P_MPI_CHECK(MPI_Comm_free(&replica_group));
   }
   // Host-side control (stop requests, checkpoint commits): MPI on the CPU, whatever the device.
   comm::CommOptions control;

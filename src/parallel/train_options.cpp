@@ -113,7 +113,8 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
         ("mode", named_value(c.mode, "mode"), help<PipelineMode>(" (whole batch as one micro-batch, HW5's baseline)").c_str())
         ("schedule", named_value(c.schedule, "schedule"), help<pipeline::ScheduleKind>(" (1F1B over --stages-per-rank stages per rank, Megatron's virtual pipeline: a smaller bubble at the same micro-batch size; --microbatches a multiple of the ranks)").c_str())
         ("stages-per-rank", po::value(&c.stages_per_rank)->default_value(c.stages_per_rank), "stages each rank holds, rank r the stages r, r + ranks, ...: 1 for gpipe and 1f1b, >= 2 for interleaved (0 = 2 there)")
-        ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size")
+        ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size (with --dp D: a replica's batch, --batch-size / D)")
+        ("dp", po::value(&c.dp)->notifier(positive<int>("dp"))->default_value(c.dp), "data-parallel replicas of the pipeline: mpirun -np D*P pp_train --dp D runs D pipelines of P ranks (ranks d*P .. d*P+P-1 are replica d), each on its share of the batch, their gradients averaged per stage")
         ("zero-bubble", po::bool_switch(&c.zero_bubble), "split every backward into B (the input gradient the previous stage waits for) and W (the weight gradients), and run the W's in the schedule's bubbles (Zero Bubble Pipeline Parallelism, Qi et al. 2024); any --schedule")
         ("zb-extra-live", po::value(&c.zb_extra_live)->default_value(c.zb_extra_live), "with --zero-bubble: micro-batches a rank may keep alive beyond the peak of the schedule without it, so that their W's can wait longer for a bubble (a waiting W keeps its blocks' linear inputs and output gradients). 0 = the memory of the schedule without --zero-bubble (ZB-H1); -1 = no limit")
         ("partition", named_value(c.partition, "partition"), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split");
@@ -191,7 +192,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"translate_samples", c.translate_samples}, {"grad_sync", name_string(c.grad_sync)},
           {"bucket_mb", c.bucket_mb}, {"reduce_dtype", name_string(c.reduce_dtype)},
           {"embedding_sync", name_string(c.embedding_sync)}, {"loss_positions", name_string(c.loss_positions)}, {"mode", name_string(c.mode)},
-          {"schedule", name_string(c.schedule)}, {"microbatches", c.microbatches},
+          {"schedule", name_string(c.schedule)}, {"microbatches", c.microbatches}, {"dp", c.dp},
           {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
           {"zb_extra_live", c.zb_extra_live},
           {"partition", name_string(c.partition)}, {"comm_timeout_s", c.comm_timeout_s},

@@ -80,5 +80,18 @@ TEST_F(TrainersOnGpu, EveryPipelineScheduleEqualsTheCpuRun) {
   }
 }
 
+// pp_train --dp 2: two replicas of an n/2-rank pipeline (2 x 2 on 4 ranks, 2 x 1 on 2) sharing
+// the GPU over MPI train as the same hybrid does on the CPU (whose equality with one rank on the
+// whole batch tests/mpi/test_hybrid.cpp checks).
+TEST_F(TrainersOnGpu, HybridLossesEqualTheCpuRun) {
+  auto c = config("hybrid", 3, /*blocks=*/8);
+  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.schedule = pipeline::ScheduleKind::kOneFOneB;
+  c.microbatches = 2;  // of a replica's 6 rows
+  c.dp = 2;
+  for (const char* device : {"cuda", "cpu"}) ASSERT_EQ(train_pipeline(on(c, device), topo), 0);
+  expect_cuda_equals_cpu("hybrid", 3, 1e-4);
+}
+
 }  // namespace
 }  // namespace gpt2p::parallel

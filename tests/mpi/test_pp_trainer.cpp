@@ -13,6 +13,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/pp_trainer.h"
+#include "gpt2p/parallel/trainer.h"
 #include "support/h5_read.h"
 #include "support/trainer_fixture.h"
 
@@ -168,6 +169,58 @@ TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
 
 namespace gpt2p::parallel {
 namespace {
+
+// --dp D: D replicas of a P-rank pipeline, each on its share of the global batch. With P = 1 that
+// is data parallelism, and trains as dp_train does on the same ranks (the same global batches):
+// the same global losses step by step. With P = 2 (4 ranks) and P = 1 otherwise: rank files that name
+// each rank's place in the grid, and a --resume (replica 0 writes the stages, every replica's
+// generator states go with them) that continues exactly as a run that never stopped.
+TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
+  const int n = comm->size();
+  auto as_dp = config("pp-dp", 3, "balanced");
+  as_dp.dp = n;
+  as_dp.microbatches = 1;  // a replica's 12 / n rows
+  ASSERT_EQ(train_pipeline(as_dp, topo), 0);
+  ASSERT_EQ(train_data_parallel(TrainerTest::config("dp", 3, /*blocks=*/4),
+                                Program::kDataParallel, topo),
+            0);
+  // dp_train records each rank's own loss; pp_train the global batch's, their mean.
+  const auto global = read_column(rank_file("pp-dp"), "/steps/loss");
+  ASSERT_EQ(global.size(), 3U);
+  for (size_t i = 0; i < global.size(); ++i) {
+    double mean = 0;
+    for (int r = 0; r < n; ++r) {
+      mean += read_column(dir + "/dp/rank" + std::to_string(r) + ".h5", "/steps/loss").at(i) / n;
+    }
+    EXPECT_NEAR(global[i], mean, 1e-5 * mean) << "step " << i;
+  }
+
+  const int dp = n >= 4 && n % 2 == 0 ? 2 : n, pp = n / dp;
+  const auto hybrid = [&](const std::string& out, int64_t steps) {
+    auto c = config(out, steps, "balanced");
+    c.dp = dp;
+    return c;
+  };
+  auto a = hybrid("a", 2);
+  a.save_every = 2;
+  ASSERT_EQ(train_pipeline(a, topo), 0);
+  auto b = hybrid("b", 3);
+  b.resume = dir + "/a/checkpoint";
+  ASSERT_EQ(train_pipeline(b, topo), 0);
+  ASSERT_EQ(train_pipeline(hybrid("c", 3), topo), 0);
+  expect_resume_continues_the_run(1e-5);
+  const std::string c = rank_file("c");
+  EXPECT_EQ(read_attribute(c, "dp"), dp);
+  EXPECT_EQ(read_attribute(c, "pp"), pp);
+  EXPECT_EQ(read_attribute(c, "dp_rank"), comm->rank() / pp);
+  EXPECT_EQ(read_attribute(c, "pp_rank"), comm->rank() % pp);
+  EXPECT_EQ(read_attribute(c, "stage"), comm->rank() % pp);
+  // One checkpoint part per stage, written once, with the states of the stage's replicas.
+  const std::string root = dir + "/a/checkpoint";
+  EXPECT_EQ(model::read_checkpoint_manifest(root).value("stages", -1), pp);
+  EXPECT_EQ(model::read_train_state(root + "/stage0").rank_rng_states.size(),
+            static_cast<size_t>(dp));
+}
 
 // Every stage's checkpoint is one commit: a manifest at the root, no staging directory left, and
 // a resume refuses a root without the manifest or with a stage at another step.

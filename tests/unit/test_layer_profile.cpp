@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -242,6 +243,41 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   std::ifstream out(dir / "out.txt");
   const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("# fastest: pp_train --partition "), std::string::npos) << text;
+}
+
+// --gpus 4: every D x P = 4 the model allows (4 blocks: 4 x 1, 2 x 2, 1 x 4), each at its fastest
+// plan for a replica's batch plus the replicas' all-reduce, ranked, the first as pp_train flags.
+TEST(PpPlan, HybridPredictsEverySplitOfTheGpus) {
+  testing::TempDir dir;
+  const std::string json = (dir / "hybrid.json");
+  const std::string cmd = plan_binary() +
+                          " --device cpu --preset tiny --n-layer 4 --vocab-size 300 --gpus 4"
+                          " --batch-size 8 --seq-len 8 --microbatches 1,2,4 --reps 1"
+                          " --allreduce-gbs 100 --json-out " + json + " > " + (dir / "out.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto doc = nlohmann::json::parse(std::ifstream(json));
+  ASSERT_EQ(doc["hybrid"].size(), 3U);
+  double previous = 0;
+  std::set<int> replicas;
+  for (const auto& r : doc["hybrid"]) {
+    const int dp = r["dp"], pp = r["pp"];
+    EXPECT_EQ(dp * pp, 4);
+    replicas.insert(dp);
+    EXPECT_EQ(8 / dp % r["microbatches"].get<int>(), 0);  // M divides a replica's batch
+    // One replica has nothing to sum; more replicas sum their gradients.
+    EXPECT_EQ(r["allreduce_s"].get<double>() > 0, dp > 1);
+    EXPECT_DOUBLE_EQ(r["step_s"].get<double>(),
+                     r["pipeline_step_s"].get<double>() + r["allreduce_s"].get<double>());
+    EXPECT_GE(r["step_s"].get<double>(), previous);  // fastest first
+    previous = r["step_s"].get<double>();
+  }
+  EXPECT_EQ(replicas, (std::set<int>{1, 2, 4}));
+  std::ifstream out(dir / "out.txt");
+  const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("# pick on 4 GPU(s): mpirun -np 4 pp_train --dp " +
+                      std::to_string(doc["hybrid"][0]["dp"].get<int>())),
+            std::string::npos)
+      << text;
 }
 
 TEST(PpPlan, AMicroBatchCountThatDoesNotDivideTheBatchIsAUsageError) {

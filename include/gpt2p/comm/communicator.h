@@ -83,7 +83,9 @@ struct CommOptions {
   // How long any wait on a peer may take before the job is failed (NCCL: synchronize() and
   // blocking calls; MPI: every wait).
   std::chrono::milliseconds timeout{60000};
-  // MPI backend: where its tensors live (CPU, or this rank's GPU when ranks share GPUs).
+  // MPI backend: where its tensors live (CPU, or this rank's GPU when ranks share GPUs). NCCL: the
+  // GPU when it names one (needed for a communicator over a subgroup, whose local ranks are not
+  // the node's); else the local rank's GPU.
   torch::Device device = torch::kCPU;
   // Check that every rank passes the same number of elements/dtype to blocking collectives (above).
   bool check_sizes = true;

@@ -4,7 +4,8 @@
 //  * Data parallel (replicated): every rank's generator state is gathered to rank 0, which writes
 //    <root> (model, optimizer, meta.json with each rank's state) atomically: a temporary
 //    directory renamed over the old one.
-//  * Pipeline (one part per stage): every rank writes its stages into <root>.next/stage<s>; the
+//  * Pipeline (one part per stage): every rank writes its stages into <root>.next/stage<s> (with
+//    --dp D, the ranks of replica 0, each stage with the generator states of its D replicas); the
 //    ranks agree that all parts are complete; rank 0 writes <root>.next/manifest.json (the
 //    commit marker: step, epoch, batch, stage count) and renames <root>.next over <root>.
 //    Resuming reads the manifest first, and every stage must be at its step (a checkpoint from

@@ -1,5 +1,6 @@
-// The gradients of a pipeline's stages between backward and the optimizer step: the tied
-// embedding's two halves (first and last stage) and the norm over every stage of every rank.
+// The gradients of a pipeline's stages between backward and the optimizer step: the sum over a
+// stage's data-parallel replicas (pp_train --dp), the tied embedding's two halves (first and last
+// stage) and the norm over every stage of every rank.
 #pragma once
 
 #include <vector>
@@ -8,6 +9,13 @@
 #include "gpt2p/model/gpt2.h"
 
 namespace gpt2p::parallel {
+
+// With --dp D: every gradient of this rank's `stages` summed over `replicas` (the D ranks holding
+// these stages, one per replica), in buckets of about `bucket_mb` MiB (one flattened all_reduce
+// each). Every rank of `replicas` calls it with the same stages; afterwards all hold the same
+// bits.
+void sum_replica_gradients(const std::vector<model::GPT2>& stages, comm::Communicator& replicas,
+                           double bucket_mb);
 
 // After backward on every rank: the first and the last stage each hold one part of the tied wte
 // gradient (embedding and head); both end up with the sum, so the two copies stay equal after the

@@ -17,6 +17,7 @@
 #include "gpt2p/io/run_record.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/gpt2.h"
+#include "gpt2p/parallel/mesh.h"
 #include "gpt2p/parallel/train_data.h"
 
 namespace gpt2p::parallel {
@@ -24,9 +25,16 @@ namespace gpt2p::parallel {
 struct RunContext {
   parallel::TrainConfig cfg;
   Topology topo;
+  // This rank's place in the job's grid: pp_train's D x P (--dp); dp_train and gpt2_train are
+  // world x 1.
+  Mesh mesh;
   torch::Device device{torch::kCPU};
   // NCCL on cuda with one GPU per rank; MPI on cpu and for ranks that share GPUs (--comm).
+  // pp_train: the ranks of this rank's pipeline (the whole world when --dp is 1).
   std::unique_ptr<comm::Communicator> comm;
+  // pp_train with --dp > 1: the ranks holding this rank's stages in every replica (one per
+  // replica, in replica order), over which those stages' gradients are summed; null otherwise.
+  std::unique_ptr<comm::Communicator> dp_comm;
   // pp_train only: a second communicator (own NCCL stream) for the pipeline's gradient transfers,
   // so activations and gradients never queue behind each other (pipeline/runtime/executor.h).
   std::unique_ptr<comm::Communicator> grad_comm;

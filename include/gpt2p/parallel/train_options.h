@@ -106,6 +106,7 @@ struct TrainConfig {
   PipelineMode mode = PipelineMode::kPipeline;
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kOneFOneB;
   int microbatches = 4;
+  int dp = 1;  // data-parallel replicas of the pipeline (parallel/mesh.h)
   bool zero_bubble = false;  // split backward into B and W, W's in the bubbles
   int zb_extra_live = 0;     // micro-batches beyond the base schedule's peak a W may keep (-1: any)
   int stages_per_rank = 0;             // 0: 2 with --schedule interleaved, else 1
