@@ -104,7 +104,8 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
                                                      {"step", state.step},
                                                      {"epoch", state.epoch},
                                                      {"batch_in_epoch", state.batch_in_epoch},
-                                                     {"stages", n_stages}});
+                                                     {"stages", n_stages},
+                                                     {"dp", ctx.mesh.dp}});
           replace_dir(staging, root);
         },
         timeout);
@@ -139,7 +140,7 @@ void check_stages_without_manifest(const std::string& root, int n_stages) {
 
 }  // namespace
 
-void check_stage_checkpoint(const std::string& root, int n_stages) {
+void check_stage_checkpoint(const std::string& root, int n_stages, int dp) {
   if (!std::filesystem::exists(root + "/manifest.json")) {
     check_stages_without_manifest(root, n_stages);
     return;
@@ -149,6 +150,12 @@ void check_stage_checkpoint(const std::string& root, int n_stages) {
   GPT2P_CHECK(stages == n_stages,
               "--resume " << root << " holds " << stages << " stages, this run has " << n_stages,
               "resume with the ranks and --stages-per-rank of the run that wrote it");
+  // A replica's batches depend on D: the data position of another D is another batch.
+  const int written_dp = manifest.value("dp", 1);
+  GPT2P_CHECK(written_dp == dp,
+              "--resume " << root << " was written with --dp " << written_dp << ", this run has --dp "
+                          << dp,
+              "resume with --dp " << written_dp << " (and its number of ranks)");
   const auto step = manifest.value("step", int64_t{-1});
   for (int s = 0; s < n_stages; ++s) {
     const std::string dir = root + "/stage" + std::to_string(s);

@@ -264,7 +264,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       [&] {
         split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
                                                      cfg.seq_len, costs, v, loss_share)
-                                   : checkpoint_partition(cfg.resume, n_stages);
+                                   : checkpoint_partition(cfg.resume, n_stages, ctx.mesh.dp);
       },
       ctx.checkpoint_timeout());
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,

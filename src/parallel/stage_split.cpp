@@ -55,8 +55,8 @@ std::vector<double> measured_layer_costs(comm::Communicator& comm,
 }
 
 // (A measured split can come out differently on another day: the checkpoint's is kept.)
-pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages) {
-  check_stage_checkpoint(resume, n_stages);
+pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages, int dp) {
+  check_stage_checkpoint(resume, n_stages, dp);
   pipeline::Partition split;
   for (int s = 0; s < n_stages; ++s) {
     const std::string dir = resume + "/stage" + std::to_string(s);

@@ -220,6 +220,25 @@ TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   EXPECT_EQ(model::read_checkpoint_manifest(root).value("stages", -1), pp);
   EXPECT_EQ(model::read_train_state(root + "/stage0").rank_rng_states.size(),
             static_cast<size_t>(dp));
+  // A checkpoint of another D (its manifest says so) is refused: the data position would name
+  // another batch.
+  comm->barrier();
+  if (comm->rank() == 0) {
+    auto manifest = model::read_checkpoint_manifest(root);
+    manifest["dp"] = dp + 1;
+    model::write_checkpoint_manifest(root, manifest);
+  }
+  comm->barrier();
+  auto other = hybrid("other", 3);
+  other.resume = root;
+  try {
+    train_pipeline(other, topo);
+    ADD_FAILURE() << "a checkpoint written with --dp " << dp + 1 << " must be refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("was written with --dp " + std::to_string(dp + 1)),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Every stage's checkpoint is one commit: a manifest at the root, no staging directory left, and

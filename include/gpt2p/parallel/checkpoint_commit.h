@@ -55,8 +55,9 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
                             const std::vector<StagePart>& mine, int n_stages,
                             model::TrainState state);
 
-// Checks that <root> is a committed pipeline checkpoint of `n_stages` stages, each at the
-// manifest's step; throws naming what is wrong and the fix.
-void check_stage_checkpoint(const std::string& root, int n_stages);
+// Checks that <root> is a committed pipeline checkpoint of `n_stages` stages written with --dp
+// `dp` (1 when the manifest does not say), each at the manifest's step; throws naming what is
+// wrong and the fix.
+void check_stage_checkpoint(const std::string& root, int n_stages, int dp = 1);
 
 }  // namespace gpt2p::parallel

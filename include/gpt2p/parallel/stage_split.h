@@ -33,6 +33,6 @@ std::vector<double> measured_layer_costs(comm::Communicator& comm,
 // A resumed run keeps the split its checkpoint was written with: stage s's layer range from
 // <resume>/stage<s>/meta.json. Throws naming the checkpoint when it holds another number of
 // stages, or stages that do not agree.
-pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages);
+pipeline::Partition checkpoint_partition(const std::string& resume, int n_stages, int dp = 1);
 
 }  // namespace gpt2p::parallel
