@@ -1,5 +1,7 @@
 #include "gpt2p/comm/communicator.h"
 
+#include <algorithm>
+
 #include <sstream>
 
 #include "gpt2p/comm/mpi_communicator.h"
@@ -114,6 +116,26 @@ void Communicator::check_gather_output(const torch::Tensor& input,
               "allocate it with torch::empty({comm.size(), ...input shape}, input.options())");
 }
 
+void Communicator::check_scatter_output(const torch::Tensor& input,
+                                        const torch::Tensor& output) const {
+  GPT2P_CHECK(output.defined() && output.numel() * size() == input.numel() &&
+                  output.scalar_type() == input.scalar_type() &&
+                  output.device() == input.device() && output.is_contiguous(),
+              "reduce_scatter: output must be a contiguous " << dtype_name(input.scalar_type())
+                  << " tensor of " << input.numel() / std::max(1, size()) << " elements on "
+                  << input.device() << " (input: " << input.numel() << " elements over " << size()
+                  << " ranks)",
+              "pass an input of ranks x n elements and an output of n, e.g. torch::empty({n}, "
+              "input.options())");
+  if (output.numel() == 0) return;
+  const auto* in0 = static_cast<const char*>(input.data_ptr());
+  const auto* out0 = static_cast<const char*>(output.data_ptr());
+  const auto in_bytes = input.numel() * static_cast<int64_t>(input.element_size());
+  const auto out_bytes = output.numel() * static_cast<int64_t>(output.element_size());
+  GPT2P_CHECK(out0 + out_bytes <= in0 || in0 + in_bytes <= out0,
+              "reduce_scatter: output overlaps input", "give the result its own tensor");
+}
+
 namespace {
 struct CompletedWork final : Work {
   void wait() override {}
@@ -124,6 +146,22 @@ struct CompletedWork final : Work {
 WorkPtr Communicator::all_gather_async(const torch::Tensor& input, torch::Tensor& output) {
   check_gather_output(input, output);
   output.copy_(all_gather(input));
+  return std::make_unique<CompletedWork>();
+}
+
+void Communicator::reduce_scatter(const torch::Tensor& input, torch::Tensor& output,
+                                  ReduceOp op) {
+  reduce_scatter_async(input, output, op)->wait();
+}
+
+WorkPtr Communicator::reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                                           ReduceOp op) {
+  check_tensor(input, "reduce_scatter");
+  check_reduce(input, op, "reduce_scatter");
+  check_scatter_output(input, output);
+  torch::Tensor all = input.reshape({-1}).clone();
+  all_reduce(all, op);
+  output.copy_(all.narrow(0, rank() * output.numel(), output.numel()).view_as(output));
   return std::make_unique<CompletedWork>();
 }
 

@@ -340,6 +340,61 @@ WorkPtr MpiCommunicator::all_gather_async(const torch::Tensor& input, torch::Ten
   return std::make_unique<MpiWork>(std::move(requests), std::move(finish), place);
 }
 
+void MpiCommunicator::reduce_scatter(const torch::Tensor& input, torch::Tensor& output,
+                                     ReduceOp op) {
+  check_tensor(input, "reduce_scatter");
+  if (options_.check_sizes) {
+    detail::check_same_collective(comm_, "reduce_scatter", input.numel(), input.scalar_type(),
+                                  static_cast<int64_t>(op), "reduce op (0 sum, 1 avg)",
+                                  options_.timeout);
+  }
+  reduce_scatter_async(input, output, op)->wait();
+}
+
+WorkPtr MpiCommunicator::reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                                              ReduceOp op) {
+  check_tensor(input, "reduce_scatter");
+  check_reduce(input, op, "reduce_scatter");
+  check_scatter_output(input, output);
+  // bfloat16 is summed in float32 (as all_reduce does); CUDA memory goes through the host unless
+  // MPI reads it itself.
+  const auto wire =
+      input.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : input.scalar_type();
+  const bool host = input.is_cuda() && !device_memory_;
+  const auto where = host ? torch::Device(torch::kCPU) : input.device();
+  const torch::Tensor in = input.to(input.options().device(where).dtype(wire)).contiguous();
+  if (input.is_cuda() && device_memory_) compat::synchronize(input.device());
+  const bool direct = !host && output.scalar_type() == wire;
+  torch::Tensor out = direct ? output : torch::empty({output.numel()}, in.options());
+  const int64_t n = output.numel();
+  const MPI_Datatype type = wire_type(wire);
+  std::vector<MPI_Request> requests;
+  std::vector<torch::Tensor> pieces;  // chunked sends: each rank's part of the chunk, contiguous
+  if (n <= options_.max_chunk_elements) {
+    if (n > 0) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      GPT2P_MPI_CHECK(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(n),
+                                                type, MPI_SUM, comm_, &r));
+      requests.push_back(r);
+    }
+  } else {
+    const torch::Tensor rows = in.view({size(), n});
+    for_chunks(n, options_.max_chunk_elements, [&](int64_t offset, int count) {
+      pieces.push_back(rows.narrow(1, offset, count).contiguous());
+      MPI_Request r = MPI_REQUEST_NULL;
+      GPT2P_MPI_CHECK(MPI_Ireduce_scatter_block(pieces.back().data_ptr(), at(out, offset), count,
+                                                type, MPI_SUM, comm_, &r));
+      requests.push_back(r);
+    });
+  }
+  auto finish = [in, out, output, pieces, op, world = size(), direct]() mutable {
+    if (op == ReduceOp::kAvg) out.div_(world);
+    if (!direct) output.copy_(out.view_as(output));
+  };
+  return std::make_unique<MpiWork>(std::move(requests), std::move(finish),
+                                   MpiWork::Place{"reduce_scatter", -1, size(), options_.timeout});
+}
+
 WorkPtr MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "send");
   check_peer(peer, "send");

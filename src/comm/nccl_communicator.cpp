@@ -217,6 +217,31 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  void reduce_scatter(const torch::Tensor& input, torch::Tensor& output, ReduceOp op) override {
+    check_tensor(input, "reduce_scatter");
+    if (check_sizes_) {
+      detail::check_same_collective(mpi_comm_, "reduce_scatter", input.numel(),
+                                    input.scalar_type(), static_cast<int64_t>(op),
+                                    "reduce op (0 sum, 1 avg)");
+    }
+    reduce_scatter_async(input, output, op)->wait();
+  }
+
+  WorkPtr reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                               ReduceOp op) override {
+    check_tensor(input, "reduce_scatter");
+    check_reduce(input, op, "reduce_scatter");
+    check_scatter_output(input, output);
+    const torch::Tensor in = input.contiguous();
+    return enqueue({in, output}, nullptr, [&](cudaStream_t stream) {
+      if (output.numel() == 0) return;
+      GPT2P_NCCL_CHECK(ncclReduceScatter(in.data_ptr(), output.data_ptr(),
+                                         static_cast<size_t>(output.numel()),
+                                         nccl_type(in.scalar_type()), nccl_op(op), state_->comm,
+                                         stream));
+    });
+  }
+
   // Tags are not used by NCCL: messages between two ranks match in call order.
   WorkPtr send_async(const torch::Tensor& tensor, int peer, int /*tag*/) override {
     check_tensor(tensor, "send");

@@ -123,6 +123,23 @@ TEST_F(NcclTest, AllGatherAsyncFillsTheOutputLikeAllGather) {
             std::string::npos);
 }
 
+TEST_F(NcclTest, ReduceScatterMatchesMpiEveryDtype) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const auto host = rank_values(rank, {world * 3, 2}, dtype);
+    torch::Tensor want = torch::empty({3, 2}, host.options());
+    mpi->reduce_scatter(host, want);
+    torch::Tensor got = gpu(torch::empty({3, 2}, host.options()));
+    nccl->reduce_scatter(gpu(host), got);
+    expect_same(got, want);
+    if (!host.is_floating_point()) continue;
+    torch::Tensor avg = gpu(torch::empty({6}, host.options()));
+    nccl->reduce_scatter_async(gpu(host), avg, ReduceOp::kAvg)->synchronize();
+    mpi->reduce_scatter(host, want, ReduceOp::kAvg);
+    expect_same(avg, want.reshape({6}));
+  }
+}
+
 TEST_F(NcclTest, SendRecvRing) {
   // NCCL send/recv outside a group block on the stream: rank 0 sends first, the others receive
   // first, so the ring cannot deadlock.

@@ -165,6 +165,12 @@ TEST(CommChunks, EveryOperationInManyChunks) {
     gw->wait();
     for (int r = 0; r < world; ++r) expect_same(ga[r], values(r));
 
+    // Each rank's part spans several chunks: rows of world x 10007 elements.
+    torch::Tensor rows = values(rank).repeat({world});
+    torch::Tensor part = torch::empty(shape, dtype);
+    comm.reduce_scatter(rows, part);
+    expect_same(part, want.to(dtype));
+
     torch::Tensor in = torch::zeros(shape, dtype);
     auto recv = comm.recv_async(in, (rank + world - 1) % world, 7);
     comm.send(values(rank), (rank + 1) % world, 7);
@@ -334,6 +340,44 @@ TEST_F(CommTest, BarrierWaitsForTheSlowestRank) {
   EXPECT_GE(waited, std::chrono::milliseconds(150));
 }
 
+TEST_F(CommTest, ReduceScatterLeavesEachRankItsPartOfTheSum) {
+  for (auto dtype : kDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // world x (2, 3): rank r's part is row r of the sum, whatever the input's shape.
+    const auto in = rank_values(rank, {world * 2, 3}, dtype);
+    const auto sum = expected_sum(world, {world * 2, 3}, dtype).reshape({world, 6});
+    torch::Tensor out = torch::full({2, 3}, -1, in.options());
+    comm->reduce_scatter(in, out);
+    expect_same(out, sum[rank].reshape({2, 3}));
+    torch::Tensor flat = torch::empty({6}, in.options());
+    auto work = comm->reduce_scatter_async(in, flat);
+    work->wait();
+    expect_same(flat, sum[rank]);
+  }
+  // avg: the sum over the ranks, divided by them.
+  const auto in = rank_values(rank, {world * 4}, torch::kFloat64);
+  torch::Tensor avg = torch::empty({4}, torch::kFloat64);
+  comm->reduce_scatter(in, avg, ReduceOp::kAvg);
+  EXPECT_TRUE(torch::allclose(
+      avg, expected_sum(world, {world * 4}, torch::kFloat64).narrow(0, rank * 4, 4) / world));
+  // Nothing to reduce is no error.
+  torch::Tensor empty_part = torch::empty({0});
+  comm->reduce_scatter(torch::empty({0}), empty_part);
+
+  torch::Tensor wrong = torch::empty({5});
+  EXPECT_THAT(error_of([&] { comm->reduce_scatter(torch::ones({world * 4}), wrong); }),
+              HasSubstr("reduce_scatter: output must be a contiguous float32 tensor of 4 elements"));
+  torch::Tensor both = torch::ones({world * 4});
+  torch::Tensor inside = both.narrow(0, 0, 4);
+  EXPECT_THAT(error_of([&] { comm->reduce_scatter(both, inside); }),
+              HasSubstr("reduce_scatter: output overlaps input"));
+  torch::Tensor ints = torch::empty({1}, torch::kInt64);
+  EXPECT_THAT(error_of([&] {
+                comm->reduce_scatter(torch::ones({world}, torch::kInt64), ints, ReduceOp::kAvg);
+              }),
+              HasSubstr("avg of int64 tensors is not supported"));
+}
+
 TEST_F(CommTest, MismatchedSizesFailOnEveryRank) {
   torch::Tensor t = torch::ones({rank == 0 ? 4 : 5});
   const std::string e = error_of([&] { comm->all_reduce(t); });
@@ -344,6 +388,10 @@ TEST_F(CommTest, MismatchedSizesFailOnEveryRank) {
               HasSubstr("broadcast: ranks disagree on the number of elements"));
   EXPECT_THAT(error_of([&] { comm->all_gather(t); }),
               HasSubstr("all_gather: ranks disagree on the number of elements"));
+  torch::Tensor rs_in = torch::ones({rank == 0 ? world : 2 * world});
+  torch::Tensor rs_out = torch::empty({rank == 0 ? 1 : 2});
+  EXPECT_THAT(error_of([&] { comm->reduce_scatter(rs_in, rs_out); }),
+              HasSubstr("reduce_scatter: ranks disagree on the number of elements"));
   std::vector<torch::Tensor> list{torch::ones({3}), torch::ones({rank == 0 ? 1 : 2})};
   EXPECT_THAT(error_of([&] { comm->all_reduce(list); }),
               HasSubstr("ranks disagree on the number of elements: between 4 and 5"));

@@ -2,7 +2,7 @@
 // use, with an MPI backend (CPU tensors) and an NCCL backend (CUDA tensors).
 //
 // Contract (same spirit as c10d's ProcessGroupNCCL):
-//  * Collectives (all_reduce, broadcast, all_gather, barrier) must be called by every rank of the
+//  * Collectives (all_reduce, reduce_scatter, broadcast, all_gather, barrier) must be called by every rank of the
 //    communicator in the same order, with tensors of the same dtype and number of elements.
 //    Point-to-point calls need a matching call on the peer with the same tag, size and dtype.
 //  * MPI backend: every call runs on the calling thread. Blocking calls return when the result is
@@ -117,6 +117,17 @@ class Communicator {
   // and copies (complete on return); the MPI and NCCL backends overlap it.
   virtual WorkPtr all_gather_async(const torch::Tensor& input, torch::Tensor& output);
 
+  // Reduces `input` over the ranks and leaves this rank's part of the result in `output`: with n =
+  // output's elements, rank r gets elements [r*n, (r+1)*n) of the flattened reduction (the inverse
+  // of all_gather: ZeRO's gradient shards). input holds size()*n elements; output is contiguous,
+  // of input's dtype and device, and does not overlap input. The blocking form checks that every
+  // rank passes the same sizes (check_sizes); the async one does not, and both tensors must stay
+  // alive until wait(). The base versions all_reduce a copy and keep this rank's part.
+  virtual void reduce_scatter(const torch::Tensor& input, torch::Tensor& output,
+                              ReduceOp op = ReduceOp::kSum);
+  virtual WorkPtr reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                                       ReduceOp op = ReduceOp::kSum);
+
   virtual void send(const torch::Tensor& tensor, int peer, int tag = 0);
   virtual void recv(torch::Tensor& tensor, int peer, int tag = 0);
   virtual WorkPtr send_async(const torch::Tensor& tensor, int peer, int tag = 0) = 0;
@@ -137,6 +148,9 @@ class Communicator {
   void check_reduce(const torch::Tensor& t, ReduceOp op, const char* what) const;
   // all_gather_async's output: [size, ...input shape], contiguous, input's dtype and device.
   void check_gather_output(const torch::Tensor& input, const torch::Tensor& output) const;
+  // reduce_scatter's output: input.numel() / size() elements, contiguous, input's dtype and
+  // device, not overlapping input.
+  void check_scatter_output(const torch::Tensor& input, const torch::Tensor& output) const;
 
  private:
   Topology topo_;

@@ -50,6 +50,10 @@ class MpiCommunicator final : public Communicator {
   void broadcast(torch::Tensor& tensor, int root) override;
   torch::Tensor all_gather(const torch::Tensor& input) override;
   WorkPtr all_gather_async(const torch::Tensor& input, torch::Tensor& output) override;
+  void reduce_scatter(const torch::Tensor& input, torch::Tensor& output,
+                      ReduceOp op = ReduceOp::kSum) override;
+  WorkPtr reduce_scatter_async(const torch::Tensor& input, torch::Tensor& output,
+                               ReduceOp op = ReduceOp::kSum) override;
   WorkPtr send_async(const torch::Tensor& tensor, int peer, int tag = 0) override;
   WorkPtr recv_async(torch::Tensor& tensor, int peer, int tag = 0) override;
   void barrier() override;
