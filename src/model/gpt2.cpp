@@ -6,6 +6,7 @@
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/model/recompute.h"
 #if GPT2P_WITH_CUDA
 #include "gpt2p/kernels/fused_linear.h"
 #include "gpt2p/kernels/fused_norm.h"
@@ -258,22 +259,26 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
                 "feed it the output of the previous stage");
     hidden = x;
   }
+  // Blocks pass on (hidden, -), or fused (residual, delta): float32 residuals, each add inside the
+  // next LayerNorm. kBlocks in training: only their inputs are kept, backward reruns them.
   const bool fused = kernels_ == Kernels::kFused && hidden.is_cuda();
-  if (!fused) {
-    if (h) {
-      for (const auto& block : h->values()) hidden = block->as<BlockImpl>()->forward(hidden);
-    }
-    return has_head() ? ln_f(hidden) : hidden;
-  }
-  // The residual stream stays float32; each residual add happens inside the next LayerNorm.
   const auto out_type =
-      compat::autocast_enabled(hidden.device()) ? torch::kBFloat16 : hidden.scalar_type();
-  torch::Tensor residual = hidden.to(torch::kFloat32), delta;
+      fused && compat::autocast_enabled(hidden.device()) ? torch::kBFloat16 : hidden.scalar_type();
+  std::vector<torch::Tensor> state{fused ? hidden.to(torch::kFloat32) : hidden, torch::Tensor()};
+  const bool recompute = recompute_ == Recompute::kBlocks && is_training();
   if (h) {
     for (const auto& block : h->values()) {
-      std::tie(residual, delta) = block->as<BlockImpl>()->forward_fused(residual, delta, out_type);
+      const CheckpointFn run = [block, fused, out_type](const std::vector<torch::Tensor>& in) {
+        auto* b = block->as<BlockImpl>();
+        if (!fused) return std::vector<torch::Tensor>{b->forward(in[0]), torch::Tensor()};
+        auto out = b->forward_fused(in[0], in[1], out_type);
+        return std::vector<torch::Tensor>{std::move(out.first), std::move(out.second)};
+      };
+      state = recompute ? checkpointed(run, state, block->parameters()) : run(state);
     }
   }
+  const torch::Tensor &residual = state[0], &delta = state[1];
+  if (!fused) return has_head() ? ln_f(residual) : residual;
   if (has_head()) {
 #if GPT2P_WITH_CUDA
     return kernels::add_layer_norm(residual, delta, ln_f->weight, ln_f->bias, ln_f->options.eps(),

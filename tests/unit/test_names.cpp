@@ -41,6 +41,7 @@ TEST(Names, EveryTableIsCompleteAndUnambiguous) {
   expect_complete_table<model::Precision>(3);
   expect_complete_table<model::LossPositions>(2);
   expect_complete_table<model::Kernels>(3);
+  expect_complete_table<model::Recompute>(2);
   expect_complete_table<compat::Attention>(5);
   expect_complete_table<comm::Backend>(3);
   expect_complete_table<pipeline::ScheduleKind>(3);

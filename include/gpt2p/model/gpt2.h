@@ -19,6 +19,7 @@
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/deferred_linear.h"
 #include "gpt2p/model/lm_head_loss.h"
+#include "gpt2p/model/options.h"
 #include "gpt2p/pipeline/plan/layer_range.h"
 
 namespace gpt2p::model {
@@ -100,6 +101,12 @@ class GPT2Impl : public torch::nn::Module {
   void set_kernels(Kernels kernels);
   Kernels kernels() const { return kernels_; }
 
+  // Which activations backward recomputes (options.h). kBlocks: a training forward that autograd
+  // records keeps only each block's inputs, and backward runs the block again (recompute.h), on
+  // either path of the blocks. Eval and no-grad forwards run the blocks plainly. kNone until set.
+  void set_recompute(Recompute recompute) { recompute_ = recompute; }
+  Recompute recompute() const { return recompute_; }
+
   // GPT-2 init (normal 0.02; residual projections 0.02/sqrt(2*n_layer); zero biases; LayerNorm
   // 1/0; padded wte rows zero), each layer from its own generator seeded by (seed, layer index),
   // so a stage holds exactly the weights of the same layers of a full model with that seed.
@@ -141,6 +148,7 @@ class GPT2Impl : public torch::nn::Module {
   GPT2Config config_;
   LayerRange range_;
   Kernels kernels_ = Kernels::kReference;
+  Recompute recompute_ = Recompute::kNone;
   torch::nn::Dropout drop_{nullptr};
   // With a sink: the lookup's only autograd input (no parameter; wte is read detached).
   std::shared_ptr<EmbeddingGradSink> sink_;

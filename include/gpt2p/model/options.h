@@ -35,6 +35,15 @@ constexpr std::array<Named<Kernels>, 3> names(Kernels) {
   return {{{Kernels::kAuto, "auto"}, {Kernels::kFused, "fused"}, {Kernels::kReference, "reference"}}};
 }
 
+// --recompute: which activations backward recomputes instead of keeping from forward (recompute.h).
+// kNone keeps every activation. kBlocks keeps only each transformer block's input and runs the
+// block's forward again inside backward (with the dropout masks it drew the first time): peak
+// activation memory falls to about one block's, for about one more forward of the blocks.
+enum class Recompute { kNone, kBlocks };
+constexpr std::array<Named<Recompute>, 2> names(Recompute) {
+  return {{{Recompute::kNone, "none"}, {Recompute::kBlocks, "blocks"}}};
+}
+
 // Whether this build has the fused kernels (Torch with CUDA).
 bool fused_kernels_built();
 
