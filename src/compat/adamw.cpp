@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gpt2p/compat/version.h"
@@ -24,7 +25,29 @@ Key state_key(const torch::Tensor& p) {
     return p.unsafeGetTensorImpl();
   }
 }
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 }  // namespace
+
+const torch::optim::AdamWParamState* adamw_state(const torch::optim::Optimizer& optimizer,
+                                                 const torch::Tensor& p) {
+  const auto& state = optimizer.state();
+  const auto it = state.find(state_key<StateKey>(p));
+  if (it == state.end()) return nullptr;
+  return dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
+}
+
+void set_adamw_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, int64_t step,
+                     torch::Tensor exp_avg, torch::Tensor exp_avg_sq) {
+  GPT2P_CHECK(exp_avg.sizes() == p.sizes() && exp_avg_sq.sizes() == p.sizes(),
+              "AdamW state of shape " << exp_avg.sizes() << " for a parameter of shape "
+                                      << p.sizes(),
+              "this is a bug: the moments must have the parameter's shape");
+  auto st = std::make_unique<torch::optim::AdamWParamState>();
+  st->step(step);
+  st->exp_avg(std::move(exp_avg));
+  st->exp_avg_sq(std::move(exp_avg_sq));
+  optimizer.state()[state_key<StateKey>(p)] = std::move(st);
+}
 
 FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions options)
     : torch::optim::AdamW(std::move(params), std::move(options)) {}

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "gpt2p/cli/main_guard.h"
+#include "gpt2p/cli/options.h"
 #include "gpt2p/compat/adamw.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/rng.h"
@@ -23,6 +24,7 @@
 #include "gpt2p/parallel/train_data.h"
 #include "gpt2p/parallel/training_loop.h"
 #include "gpt2p/parallel/pipeline_grads.h"
+#include "gpt2p/parallel/zero.h"
 #include "gpt2p/pipeline/runtime/executor.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 
@@ -97,12 +99,14 @@ namespace {
 // One pipeline step: the executor runs this rank's part of the schedule over the batch's
 // micro-batches, the tied embedding's gradient is summed between the first and the last stage,
 // and every stage's optimizer steps. Each rank records its actions and the loss, which the last
-// stage computes.
+// stage computes. With --zero 1 each stage's `zero` shards replace the replicas' sum and the
+// optimizers (zero.h).
 class PipelineStep final : public StepStrategy {
  public:
   PipelineStep(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
                std::vector<model::GPT2>& models,
                std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
+               std::vector<std::unique_ptr<ShardedAdamW>>& zero,
                std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
                pipeline::Executor& executor, const std::vector<int>& my_stages,
                const pipeline::Partition& split, int microbatches, bool bf16,
@@ -113,6 +117,7 @@ class PipelineStep final : public StepStrategy {
         recorder_(recorder),
         models_(models),
         optimizers_(optimizers),
+        zero_(zero),
         stages_(stages),
         executor_(executor),
         my_stages_(my_stages),
@@ -138,15 +143,38 @@ class PipelineStep final : public StepStrategy {
     rec.data = since(t0);
     const auto times = executor_.run_step(rec.step, rec.start + rec.data);
     clock_.mark(0);
-    // Each stage's gradient summed over its replicas (each replica's loss is its share of the
-    // global batch's mean), then the tied weight's two halves within each pipeline.
-    if (ctx_.dp_comm) sum_replica_gradients(models_, *ctx_.dp_comm, cfg_.bucket_mb);
-    parallel::sync_tied_gradient(models_, *ctx_.comm);
+    if (zero_.empty()) {
+      // Each stage's gradient summed over its replicas (each replica's loss is its share of the
+      // global batch's mean), then the tied weight's two halves within each pipeline.
+      if (ctx_.dp_comm) sum_replica_gradients(models_, *ctx_.dp_comm, cfg_.bucket_mb);
+      parallel::sync_tied_gradient(models_, *ctx_.comm);
+    } else {
+      // The tied weight's halves first, so that the first and the last stage reduce-scatter the
+      // same bits; then each stage's shards over its replicas.
+      parallel::sync_tied_gradient(models_, *ctx_.comm);
+      for (auto& z : zero_) z->reduce_now();
+    }
     clock_.mark(1);
-    if (cfg_.grad_clip > 0) parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
-    for (size_t c = 0; c < models_.size(); ++c) {
-      optimizers_[c]->step();
-      for (auto& p : models_[c]->parameters()) p.mutable_grad() = torch::Tensor();
+    if (zero_.empty()) {
+      if (cfg_.grad_clip > 0) parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
+      for (size_t c = 0; c < models_.size(); ++c) optimizers_[c]->step();
+    } else {
+      if (cfg_.grad_clip > 0) {
+        std::vector<ShardedAdamW*> shards;
+        std::vector<torch::Tensor> uncounted;  // the head's copy of the tied weight
+        for (size_t c = 0; c < models_.size(); ++c) {
+          shards.push_back(zero_[c].get());
+          uncounted.push_back(models_[c]->has_embedding() ? torch::Tensor()
+                                                          : models_[c]->tied_parameter());
+        }
+        clip_sharded_grad_norm(shards, uncounted, {ctx_.comm.get(), ctx_.dp_comm.get()},
+                               cfg_.grad_clip);
+      }
+      for (auto& z : zero_) z->step();
+      for (auto& z : zero_) z->wait_params();
+    }
+    for (auto& model : models_) {
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
     }
     clock_.mark(2);
     // The optimizer's action ends now, on the run's clock (rec.start counts from its start).
@@ -187,8 +215,14 @@ class PipelineStep final : public StepStrategy {
 
   void save(const std::string& dir, const model::TrainState& state) override {
     std::vector<StagePart> parts;
+    std::vector<std::unique_ptr<compat::FusedAdamW>> gathered;  // --zero 1: unsharded states
     for (size_t c = 0; c < models_.size(); ++c) {
-      parts.push_back({my_stages_[c], models_[c].get(), optimizers_[c].get()});
+      const torch::optim::Optimizer* optimizer = optimizers_[c].get();
+      if (!zero_.empty()) {
+        gathered.push_back(zero_[c]->full_state());
+        optimizer = gathered.back().get();
+      }
+      parts.push_back({my_stages_[c], models_[c].get(), optimizer});
     }
     save_stage_checkpoints(ctx_, dir, parts, static_cast<int>(split_.size()), state);
   }
@@ -213,6 +247,7 @@ class PipelineStep final : public StepStrategy {
   io::RunRecorder& recorder_;
   std::vector<model::GPT2>& models_;
   std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers_;
+  std::vector<std::unique_ptr<ShardedAdamW>>& zero_;
   std::vector<std::unique_ptr<pipeline::GptStage>>& stages_;
   pipeline::Executor& executor_;
   const std::vector<int>& my_stages_;
@@ -233,6 +268,12 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
   const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
   const bool bf16 = cfg.precision == model::Precision::kBf16;
+  if (cfg.zero == 1 && ctx.mesh.dp < 2) {
+    throw cli::UsageError("pp_train --zero 1 shards each stage's optimizer state over its "
+                          "data-parallel replicas, but --dp is " + std::to_string(ctx.mesh.dp) +
+                          " -- fix: pass --dp 2 or more (mpirun -np D*P pp_train --dp D), or drop "
+                          "--zero 1");
+  }
   const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
   GPT2P_CHECK(v == 1 || n >= 2,
@@ -286,6 +327,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     }
     model->to(ctx.device);
     model->set_kernels(ctx.kernels);
+    model->set_recompute(cfg.recompute);
     optimizers.push_back(std::make_unique<compat::FusedAdamW>(
         model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
     my_stages.push_back(s);
@@ -311,6 +353,23 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
         },
         ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
+  }
+
+  // --zero 1: each stage's AdamW state sharded over its replicas; a resumed state is sharded and
+  // the whole copy dropped.
+  std::vector<std::unique_ptr<ShardedAdamW>> zero;
+  if (cfg.zero == 1) {
+    for (size_t c = 0; c < models.size(); ++c) {
+      ZeroOptions zo;
+      zo.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+      zo.buckets.bucket_mb = cfg.bucket_mb;
+      zo.op = comm::ReduceOp::kSum;
+      zo.overlap = false;
+      zo.buckets.alone = models[c]->tied_parameter();
+      zero.push_back(std::make_unique<ShardedAdamW>(models[c]->parameters(), *ctx.dp_comm, zo));
+      if (!cfg.resume.empty()) zero.back()->load_state(*optimizers[c]);
+      optimizers[c]->state().clear();
+    }
   }
 
   std::vector<std::unique_ptr<pipeline::GptStage>> stages;
@@ -383,8 +442,16 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     std::fflush(stdout);
   }
 
-  PipelineStep strategy(ctx, data, recorder, models, optimizers, stages, executor, my_stages, split,
-                        m, bf16, positions);
+  recorder.set_attribute("zero", cfg.zero);
+  if (topo.rank == 0 && !zero.empty()) {
+    std::printf("  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
+                "(%.1f MiB unsharded)\n",
+                static_cast<double>(zero.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
+                static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
+    std::fflush(stdout);
+  }
+  PipelineStep strategy(ctx, data, recorder, models, optimizers, zero, stages, executor, my_stages,
+                        split, m, bf16, positions);
   return run_training(ctx, data, recorder, state,
                       {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp)},
                       strategy);

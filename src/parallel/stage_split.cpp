@@ -50,7 +50,10 @@ std::vector<double> measured_layer_costs(comm::Communicator& comm,
   t = t.to(comm.device());
   if (comm.size() > 1) comm.broadcast(t, 0);
   t = t.cpu();
-  pipeline::LayerTimes times{t[0].item<double>(), t[1].item<double>(), t[2].item<double>()};
+  pipeline::LayerTimes times;
+  times.embedding = t[0].item<double>();
+  times.block = t[1].item<double>();
+  times.head = t[2].item<double>();
   return pipeline::layer_costs_from_times(times, static_cast<int>(config.n_layer));
 }
 

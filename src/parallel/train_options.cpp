@@ -82,6 +82,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
       ("device", named_value(c.device, "device"), help<DeviceKind>(" (auto: cuda when built with CUDA and a GPU is present)").c_str())
       ("kernels", named_value(c.kernels, "kernels"), help<model::Kernels>(": the LM head's softmax and cross-entropy by the project's CUDA kernels (fused) or ATen ops (reference); auto = fused on CUDA").c_str())
       ("attention", named_value(c.attention, "attention"), help<compat::Attention>(": the kernels scaled_dot_product_attention may use (auto: all, torch's choice); the start-up line names the one that runs").c_str())
+      ("recompute", named_value(c.recompute, "recompute"), "none (keep every activation for backward) | blocks (keep each transformer block's input only and run the block again in backward, with the same dropout: activation memory of about one block per micro-batch, for about one more forward of the blocks)")
       ("seed", po::value(&c.seed)->default_value(c.seed), "seed for initialisation, shuffling and dropout")
       ("warmup-epochs", po::value(&c.warmup_epochs)->notifier(non_negative<int>("warmup-epochs"))->default_value(c.warmup_epochs), "epochs the analysis drops as warm-up (recorded in the output)");
   po::options_description out("Output");
@@ -104,7 +105,8 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
         ("grad-sync", named_value(c.grad_sync, "grad-sync"), "per-param (one all_reduce per parameter, HW5) | bucketed (overlapped with backward)")
         ("bucket-mb", po::value(&c.bucket_mb)->notifier(positive<double>("bucket-mb"))->default_value(c.bucket_mb), "bucket size in MiB for --grad-sync bucketed")
         ("reduce-dtype", named_value(c.reduce_dtype, "reduce-dtype"), help<ReduceDtype>(": dtype gradients travel in").c_str())
-        ("embedding-sync", named_value(c.embedding_sync, "embedding-sync"), "the tied wte under --grad-sync bucketed: sparse (the head's part reduced as soon as backward starts, the token lookup's B*T gradient rows all-gathered) | dense (one 50k-row all_reduce after backward)");
+        ("embedding-sync", named_value(c.embedding_sync, "embedding-sync"), "the tied wte under --grad-sync bucketed: sparse (the head's part reduced as soon as backward starts, the token lookup's B*T gradient rows all-gathered) | dense (one 50k-row all_reduce after backward)")
+        ("zero", po::value(&c.zero)->notifier(allowed<int>("zero", [](int z) { return z == 0 || z == 1; }, "0 or 1"))->default_value(c.zero), "ZeRO stage: 1 = shard the AdamW state over the ranks (each keeps 1/N of it; gradients reduce-scattered in --bucket-mb buckets during backward, parameters all-gathered after the step); 0 = every rank keeps all of it");
     desc.add(dp);
   }
   if (program == Program::kPipeline) {
@@ -117,7 +119,9 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
         ("dp", po::value(&c.dp)->notifier(positive<int>("dp"))->default_value(c.dp), "data-parallel replicas of the pipeline: mpirun -np D*P pp_train --dp D runs D pipelines of P ranks (ranks d*P .. d*P+P-1 are replica d), each on its share of the batch, their gradients averaged per stage")
         ("zero-bubble", po::bool_switch(&c.zero_bubble), "split every backward into B (the input gradient the previous stage waits for) and W (the weight gradients), and run the W's in the schedule's bubbles (Zero Bubble Pipeline Parallelism, Qi et al. 2024); any --schedule")
         ("zb-extra-live", po::value(&c.zb_extra_live)->default_value(c.zb_extra_live), "with --zero-bubble: micro-batches a rank may keep alive beyond the peak of the schedule without it, so that their W's can wait longer for a bubble (a waiting W keeps its blocks' linear inputs and output gradients). 0 = the memory of the schedule without --zero-bubble (ZB-H1); -1 = no limit")
-        ("partition", named_value(c.partition, "partition"), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split");
+        ("partition", named_value(c.partition, "partition"), "uniform (HW5: ceil(blocks/stages) each) | balanced (FLOP cost model) | measured (balanced by layer times rank 0 measures on its device before training); --resume keeps the checkpoint's split")
+        ("zero", po::value(&c.zero)->notifier(allowed<int>("zero", [](int z) { return z == 0 || z == 1; }, "0 or 1"))->default_value(c.zero), "with --dp D >= 2: ZeRO stage 1, each stage's AdamW state sharded over its D replicas (gradients reduce-scattered after the schedule, parameters all-gathered after the step); 0 = not sharded")
+        ("bucket-mb", po::value(&c.bucket_mb)->notifier(positive<double>("bucket-mb"))->default_value(c.bucket_mb), "with --dp D >= 2: size in MiB of the buckets the replicas' gradients are reduced in");
     desc.add(pp);
   }
 }
@@ -159,6 +163,10 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
           "--kernels fused runs on CUDA only (pass --device cuda on a CUDA build, or --kernels "
           "reference)");
   require(c.bucket_mb > 0, "--bucket-mb must be positive");
+  require(c.zero == 0 || c.zero == 1, "--zero " + std::to_string(c.zero) + ": use 0 or 1");
+  require(c.zero == 0 || program != Program::kDataParallel || c.grad_sync == GradSyncMode::kBucketed,
+          "--zero 1 reduce-scatters gradient buckets: it does not combine with --grad-sync "
+          "per-param (drop one of them)");
   require(c.zb_extra_live >= -1,
           "--zb-extra-live " + std::to_string(c.zb_extra_live) +
               ": use 0 (the memory of the schedule without --zero-bubble), more, or -1 (no limit)");
@@ -191,7 +199,8 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"save_every", c.save_every}, {"resume", c.resume},
           {"translate_samples", c.translate_samples}, {"grad_sync", name_string(c.grad_sync)},
           {"bucket_mb", c.bucket_mb}, {"reduce_dtype", name_string(c.reduce_dtype)},
-          {"embedding_sync", name_string(c.embedding_sync)}, {"loss_positions", name_string(c.loss_positions)}, {"mode", name_string(c.mode)},
+          {"embedding_sync", name_string(c.embedding_sync)}, {"zero", c.zero},
+          {"recompute", name_string(c.recompute)}, {"loss_positions", name_string(c.loss_positions)}, {"mode", name_string(c.mode)},
           {"schedule", name_string(c.schedule)}, {"microbatches", c.microbatches}, {"dp", c.dp},
           {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
           {"zb_extra_live", c.zb_extra_live},

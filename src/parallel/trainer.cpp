@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "gpt2p/cli/main_guard.h"
+#include "gpt2p/cli/options.h"
 #include "gpt2p/compat/adamw.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/rng.h"
@@ -22,6 +23,7 @@
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
 #include "gpt2p/parallel/training_loop.h"
+#include "gpt2p/parallel/zero.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -30,11 +32,12 @@ namespace {
 // global batch (in --grad-accum micro-steps), the gradients are averaged (`sync`), then clipped
 // and applied. The next step's batch is prepared while the GPU still works on this one (after the
 // optimizer is queued, before the host reads the step's clocks): the host's part -- sampling,
-// pinned copies, loss rows -- then leaves no gap on the GPU.
+// pinned copies, loss rows -- then leaves no gap on the GPU. With --zero 1 `zero` replaces both
+// the sync and the optimizer (zero.h): its parameter gathers run while the next batch is prepared.
 class DataParallelStep final : public StepStrategy {
  public:
   DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model,
-                   compat::FusedAdamW& optimizer, GradSync& sync)
+                   compat::FusedAdamW& optimizer, GradSync& sync, ShardedAdamW* zero)
       : ctx_(ctx),
         cfg_(ctx.cfg),
         data_(data),
@@ -42,6 +45,7 @@ class DataParallelStep final : public StepStrategy {
         params_(model_->parameters()),
         optimizer_(optimizer),
         sync_(sync),
+        zero_(zero),
         world_(ctx.topo.size),
         micro_(data.local_batch() / ctx.cfg.grad_accum),
         bf16_(ctx.cfg.precision == model::Precision::kBf16),
@@ -65,25 +69,35 @@ class DataParallelStep final : public StepStrategy {
                             cur.rows[static_cast<size_t>(k)], bf16_);
       }
       clock_.mark(1 + 2 * k);
-      sync_.begin_backward(k + 1 == cfg_.grad_accum);
+      if (zero_ != nullptr) {
+        zero_->begin_backward(k + 1 == cfg_.grad_accum);
+      } else {
+        sync_.begin_backward(k + 1 == cfg_.grad_accum);
+      }
       loss.backward();
       clock_.mark(2 + 2 * k);
       loss_sum += loss.detach();
     }
-    sync_.end_backward();
+    zero_ != nullptr ? zero_->end_backward() : sync_.end_backward();
     const int sync_mark = 2 * cfg_.grad_accum + 1;
     clock_.mark(sync_mark);
-    if (cfg_.grad_clip > 0) clip_grad_norm_queued(params_, cfg_.grad_clip);
-    optimizer_.step();
+    if (zero_ != nullptr) {
+      if (cfg_.grad_clip > 0) clip_sharded_grad_norm({zero_}, {}, {ctx_.comm.get()}, cfg_.grad_clip);
+      zero_->step();
+    } else {
+      if (cfg_.grad_clip > 0) clip_grad_norm_queued(params_, cfg_.grad_clip);
+      optimizer_.step();
+    }
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();
     clock_.mark(sync_mark + 1);
     // finish_step stamps the sync's end on the host: before the next batch's preparation, which
     // must not count as synchronisation.
-    const auto times = sync_.finish_step();
+    const auto times = zero_ != nullptr ? zero_->finish_step() : sync_.finish_step();
     if (more) {
       before_ahead_ = data_.position();
       ahead_ = prepare();
     }
+    if (zero_ != nullptr) zero_->wait_params();
     for (int k = 0; k < cfg_.grad_accum; ++k) {
       rec.forward += clock_.elapsed(2 * k, 1 + 2 * k);
       rec.backward += clock_.elapsed(1 + 2 * k, 2 + 2 * k);
@@ -114,6 +128,12 @@ class DataParallelStep final : public StepStrategy {
   }
 
   void save(const std::string& dir, const model::TrainState& state) override {
+    if (zero_ != nullptr) {
+      // The shards gathered into the unsharded format (every rank takes part).
+      const auto full = zero_->full_state();
+      save_replicated_checkpoint(ctx_, dir, *model_, *full, state);
+      return;
+    }
     save_replicated_checkpoint(ctx_, dir, *model_, optimizer_, state);
   }
 
@@ -190,6 +210,7 @@ class DataParallelStep final : public StepStrategy {
   std::vector<torch::Tensor> params_;
   compat::FusedAdamW& optimizer_;
   GradSync& sync_;
+  ShardedAdamW* zero_;
   const int world_;
   const int64_t micro_;
   const bool bf16_;
@@ -211,6 +232,11 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
               "use mpirun -np N dp_train for data parallelism");
   const int world = topo.size;
   const int rank = topo.rank;
+  if (cfg.zero == 1 && world == 1) {
+    throw cli::UsageError(std::string(name) + " --zero 1 shards the optimizer state over the "
+                          "data-parallel ranks, but runs on 1 rank -- fix: start 2 or more "
+                          "(mpirun -np N), or drop --zero 1");
+  }
   GPT2P_CHECK(cfg.batch_size % world == 0,
               "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
               "pass a global batch that is a multiple of the number of ranks");
@@ -232,6 +258,7 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   }
   model->to(ctx.device);
   model->set_kernels(ctx.kernels);
+  model->set_recompute(cfg.recompute);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
   auto params = model->parameters();
   compat::FusedAdamW optimizer(params,
@@ -252,10 +279,23 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
       cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
   const auto tied = cfg.embedding_sync == EmbeddingSync::kSparse ? model->tied_parameter()
                                                                  : torch::Tensor();
-  auto sync = world == 1 ? make_no_sync()
-                         : make_grad_sync(cfg.grad_sync, ctx.comm.get(), params, cfg.bucket_mb,
-                                          reduce_dtype, tied);
-  if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
+  std::unique_ptr<ShardedAdamW> zero;
+  if (cfg.zero == 1) {
+    ZeroOptions zo;
+    zo.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+    zo.buckets.bucket_mb = cfg.bucket_mb;
+    zo.buckets.dtype = reduce_dtype;
+    zo.sparse_tied = tied;
+    zero = std::make_unique<ShardedAdamW>(params, *ctx.comm, zo);
+    // The checkpoint's state (loaded whole above) is sharded; the whole copy is dropped.
+    if (!cfg.resume.empty()) zero->load_state(optimizer);
+    optimizer.state().clear();
+  }
+  auto sync = world == 1 || zero ? make_no_sync()
+                                 : make_grad_sync(cfg.grad_sync, ctx.comm.get(), params,
+                                                  cfg.bucket_mb, reduce_dtype, tied);
+  auto sink = zero ? zero->embedding_sink() : sync->embedding_sink();
+  if (sink) model->set_embedding_grad_sink(std::move(sink));
 
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
   io::RunRecorder recorder(cfg.out, run_identity(ctx, name),
@@ -266,10 +306,22 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
                 name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
                 model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
                 static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-                sync->name().c_str(), ctx.describe_kernels().c_str());
+                zero ? "zero-1" : sync->name().c_str(), ctx.describe_kernels().c_str());
+    if (zero) {
+      std::printf("  ZeRO-1: AdamW state %.1f MiB per rank, sharded over %d ranks (%.1f MiB "
+                  "unsharded)\n",
+                  static_cast<double>(zero->state_bytes()) / (1 << 20), world,
+                  static_cast<double>(zero->unsharded_state_bytes()) / (1 << 20));
+    }
     std::fflush(stdout);
   }
-  DataParallelStep strategy(ctx, data, model, optimizer, *sync);
+  recorder.set_attribute("zero", cfg.zero);
+  // AdamW's two float32 moments per parameter this rank keeps (measured by the analysis).
+  int64_t moments = 0;
+  for (const auto& p : params) moments += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
+  recorder.set_attribute("optimizer_state_bytes",
+                         static_cast<double>(zero ? zero->state_bytes() : moments));
+  DataParallelStep strategy(ctx, data, model, optimizer, *sync, zero.get());
   return run_training(ctx, data, recorder, state, {name, rank, world, static_cast<double>(world)},
                       strategy);
 }

@@ -93,5 +93,25 @@ TEST_F(TrainersOnGpu, HybridLossesEqualTheCpuRun) {
   expect_cuda_equals_cpu("hybrid", 3, 1e-4);
 }
 
+// --zero 1 on ranks sharing the GPU: the sharded AdamW (reduce-scatter, fused AdamW on the
+// shards, all-gather, through host memory) trains as on CPU ranks, where tests/mpi/test_zero.cpp
+// checks it against the unsharded step and one rank on the whole batch. Data parallel, and the
+// hybrid's replicas (2 x 1 on 2 ranks, 2 x 2 on 4).
+TEST_F(TrainersOnGpu, ZeroLossesEqualTheCpuRun) {
+  auto dp = config("zero-dp", 3);
+  dp.bucket_mb = 0.05;
+  dp.zero = 1;
+  for (const char* device : {"cuda", "cpu"}) {
+    ASSERT_EQ(train_data_parallel(on(dp, device), parallel::Program::kDataParallel, topo), 0);
+  }
+  expect_cuda_equals_cpu("zero-dp", 3, 1e-4);
+  auto hybrid = config("zero-hybrid", 3, /*blocks=*/8);
+  hybrid.microbatches = 2;
+  hybrid.dp = 2;
+  hybrid.zero = 1;
+  for (const char* device : {"cuda", "cpu"}) ASSERT_EQ(train_pipeline(on(hybrid, device), topo), 0);
+  expect_cuda_equals_cpu("zero-hybrid", 3, 1e-4);
+}
+
 }  // namespace
 }  // namespace gpt2p::parallel

@@ -31,4 +31,12 @@ class FusedAdamW : public torch::optim::AdamW {
   bool fused_ = false;
 };
 
+// torch::optim::AdamW's state of parameter `p` in `optimizer` (keyed differently across libtorch
+// versions), or null when it has none yet (no step taken).
+const torch::optim::AdamWParamState* adamw_state(const torch::optim::Optimizer& optimizer,
+                                                 const torch::Tensor& p);
+// Sets it (replacing any): the step count and the two moments, which must have p's shape.
+void set_adamw_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, int64_t step,
+                     torch::Tensor exp_avg, torch::Tensor exp_avg_sq);
+
 }  // namespace gpt2p::compat

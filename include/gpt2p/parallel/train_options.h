@@ -82,6 +82,7 @@ struct TrainConfig {
   compat::Attention attention = compat::Attention::kAuto;
   uint64_t seed = 11868;
   int warmup_epochs = 1;  // epochs the analysis drops (recorded, not used by training)
+  model::Recompute recompute = model::Recompute::kNone;  // activations backward recomputes
 
   // Output, checkpoints, evaluation.
   std::string out;  // empty: runs/<program>
@@ -101,6 +102,7 @@ struct TrainConfig {
   double bucket_mb = 25;
   ReduceDtype reduce_dtype = ReduceDtype::kFp32;
   EmbeddingSync embedding_sync = EmbeddingSync::kSparse;  // the tied wte, bucketed only
+  int zero = 0;  // ZeRO stage: 1 shards the AdamW state over the data-parallel ranks (zero.h)
 
   // Pipeline parallel.
   PipelineMode mode = PipelineMode::kPipeline;
