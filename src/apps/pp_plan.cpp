@@ -7,7 +7,10 @@
 //
 // The prediction assumes identical devices per stage, backward = 2/3 of a layer's forward +
 // backward time, and --link-gbs for activation/gradient transfers; it leaves out the optimizer
-// step, the tied-weight exchange and the loss broadcast (the same for every plan).
+// step, the tied-weight exchange and the loss broadcast (the same for every plan). Each plan also
+// gets its busiest rank's peak memory (pipeline/perf/memory.h): fp32 weights, gradients and AdamW
+// moments (sharded over the replicas with --zero 1) plus the activations its schedule keeps, as
+// the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -47,6 +50,29 @@ std::string zb_tag(const gpt2p::pipeline::PlanRow& r) {
   if (!r.zero_bubble) return "";
   if (r.zb_extra_live == 0) return "+zb";
   return r.zb_extra_live < 0 ? "+zb+inf" : "+zb+" + std::to_string(r.zb_extra_live);
+}
+
+// The busiest rank's predicted peak memory in GiB.
+double peak_gib(const gpt2p::pipeline::PlanRow& r) {
+  const auto& bytes = r.peak_memory_bytes;
+  if (bytes.empty()) return 0.0;
+  return *std::max_element(bytes.begin(), bytes.end()) / (1024.0 * 1024 * 1024);
+}
+
+// " --recompute blocks" when the plan recomputes, "" otherwise.
+std::string recompute_flag(const Flags& f) {
+  return f.spec.recompute == gpt2p::model::Recompute::kNone
+             ? ""
+             : " --recompute " + gpt2p::name_string(f.spec.recompute);
+}
+
+// The comment line above a table: what its peak_GiB column holds and where it comes from.
+std::string memory_note(const Flags& f, const gpt2p::pipeline::PlanRow& r) {
+  return std::string("# peak_GiB: the busiest rank's weights, gradients, AdamW moments") +
+         (f.spec.zero == 1 ? " (--zero 1: / D)" : "") + " and live activations (--recompute " +
+         gpt2p::name_string(f.spec.recompute) + "), " +
+         (r.peak_memory_measured ? "measured per layer by the CUDA allocator"
+                                 : "estimated from the shapes (no allocator statistics here)");
 }
 
 std::vector<int> parse_list(const std::string& flag, const std::string& text, int min = 1) {
@@ -89,6 +115,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
       ("zero-bubble", po::bool_switch(&s.zero_bubble), "also predict every pipeline row with pp_train --zero-bubble (split backwards, W's in the bubbles)")
       ("zb-extra-live", po::value(&zbs)->default_value(zbs), "with --zero-bubble: pp_train --zb-extra-live values to predict, comma-separated (0 = the memory of the schedule without --zero-bubble, -1 = no limit)")
+      ("recompute", gpt2p::cli::named_value(s.recompute, "recompute"), "as pp_train's --recompute: none | blocks (each block's activations recomputed in backward: less memory, one more forward of the blocks per micro-batch)")
+      ("zero", po::value(&s.zero)->default_value(s.zero), "as pp_train's --zero: 1 = AdamW's moments sharded over the D replicas of --gpus (no effect where D = 1), 0 = not sharded")
       ("link-gbs", po::value(&s.link_gbs)->default_value(s.link_gbs), "GB/s of one activation or gradient transfer between stages (NVLink on H200: ~250)")
       ("gpus", po::value(&f.gpus)->default_value(f.gpus), "instead of one --stages: every split of this many GPUs into D data-parallel replicas of a P-rank pipeline (pp_train --dp D), each at its fastest plan for a replica's batch, plus the replicas' gradient all-reduce; prints which it would pick")
       ("allreduce-gbs", po::value(&f.allreduce_gbs)->default_value(f.allreduce_gbs), "with --gpus: NCCL all-reduce bus bandwidth between replicas in GB/s (comm_bench's busbw; 2 x H200 over NVLink: ~310)")
@@ -120,6 +148,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (s.link_gbs <= 0) throw UsageError("--link-gbs must be positive");
   if (f.gpus < 0) throw UsageError("--gpus " + std::to_string(f.gpus) + ": pass a GPU count >= 1");
   if (f.allreduce_gbs <= 0) throw UsageError("--allreduce-gbs must be positive");
+  if (s.zero != 0 && s.zero != 1)
+    throw UsageError("--zero " + std::to_string(s.zero) + ": pass 0 or 1");
   if (vm.count("loss-fraction") && !(f.loss_fraction > 0 && f.loss_fraction <= 1))
     throw UsageError("--loss-fraction " + std::to_string(f.loss_fraction) + ": pass a share in (0, 1], e.g. 0.094");
   for (int m : s.microbatches) {
@@ -195,6 +225,7 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
     }
     pl::PlanSpec spec = f.spec;
     spec.stages = pp;
+    spec.replicas = dp;
     spec.batch_size = f.spec.batch_size / dp;
     spec.microbatches.clear();
     for (int m : f.spec.microbatches) {
@@ -215,21 +246,24 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
   std::sort(picks.begin(), picks.end(),
             [](const Pick& a, const Pick& b) { return a.step_s < b.step_s; });
   const double tokens = static_cast<double>(f.spec.batch_size * f.spec.seq_len);
-  std::printf("%3s %3s %-18s %2s %4s %-9s %10s %12s %10s %10s\n", "D", "P", "schedule", "V", "M",
-              "partition", "pipe_ms", "allreduce_ms", "step_ms", "tok/s");
+  if (!picks.empty()) std::printf("%s\n", memory_note(f, picks.front().row).c_str());
+  std::printf("%3s %3s %-18s %2s %4s %-9s %10s %12s %10s %10s %9s\n", "D", "P", "schedule", "V",
+              "M", "partition", "pipe_ms", "allreduce_ms", "step_ms", "tok/s", "peak_GiB");
   for (const auto& p : picks) {
     const std::string schedule =
         p.row.schedule == "model_parallel" ? "mp" : p.row.schedule + zb_tag(p.row);
-    std::printf("%3d %3d %-18s %2d %4d %-9s %10.3f %12.3f %10.3f %10.0f\n", p.dp, p.pp,
+    std::printf("%3d %3d %-18s %2d %4d %-9s %10.3f %12.3f %10.3f %10.0f %9.3f\n", p.dp, p.pp,
                 schedule.c_str(), p.row.stages_per_rank, p.row.microbatches,
                 gpt2p::name_string(p.row.partition).c_str(), 1e3 * p.row.step_s,
-                1e3 * p.allreduce_s, 1e3 * p.step_s, tokens / p.step_s);
+                1e3 * p.allreduce_s, 1e3 * p.step_s, tokens / p.step_s, peak_gib(p.row));
     rows.push_back({{"dp", p.dp}, {"pp", p.pp}, {"schedule", p.row.schedule},
                     {"stages_per_rank", p.row.stages_per_rank},
                     {"zero_bubble", p.row.zero_bubble}, {"microbatches", p.row.microbatches},
                     {"partition", gpt2p::name_string(p.row.partition)}, {"split", p.row.split},
                     {"pipeline_step_s", p.row.step_s}, {"allreduce_s", p.allreduce_s},
-                    {"step_s", p.step_s}, {"tokens_per_s", tokens / p.step_s}});
+                    {"step_s", p.step_s}, {"tokens_per_s", tokens / p.step_s},
+                    {"peak_memory_bytes", p.row.peak_memory_bytes},
+                    {"peak_memory_measured", p.row.peak_memory_measured}});
   }
   if (!picks.empty()) {
     const auto& p = picks.front();
@@ -241,15 +275,19 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
                 p.row.stages_per_rank > 1
                     ? (" --stages-per-rank " + std::to_string(p.row.stages_per_rank)).c_str()
                     : "",
-                p.row.zero_bubble ? " --zero-bubble" : "", p.row.microbatches, 1e3 * p.step_s,
-                tokens / p.step_s);
+                (std::string(p.row.zero_bubble ? " --zero-bubble" : "") + recompute_flag(f) +
+                 (f.spec.zero == 1 && p.dp > 1 ? " --zero 1" : ""))
+                    .c_str(),
+                p.row.microbatches, 1e3 * p.step_s, tokens / p.step_s);
   }
   if (!f.json_out.empty()) {
     nlohmann::json doc{{"program", "pp_plan"},          {"model", gpt2p::model::describe(config)},
                        {"gpus", f.gpus},                {"batch_size", f.spec.batch_size},
                        {"seq_len", f.spec.seq_len},     {"precision", gpt2p::name_string(f.precision)},
                        {"link_gbs", f.spec.link_gbs},   {"allreduce_gbs", f.allreduce_gbs},
-                       {"loss_fraction", f.spec.loss_fraction}, {"hybrid", rows}};
+                       {"loss_fraction", f.spec.loss_fraction},
+                       {"recompute", gpt2p::name_string(f.spec.recompute)},
+                       {"zero", f.spec.zero},           {"hybrid", rows}};
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }
   return picks.empty() ? 1 : 0;
@@ -283,15 +321,16 @@ int run(Flags f) {
                 1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block, 1e3 * t.stage);
   }
   for (const auto& note : plan.notes) std::printf("# %s\n", note.c_str());
-  std::printf("%-9s %-24s %-18s %2s %4s %5s %10s %8s %7s %7s\n", "partition", "split", "schedule",
-              "V", "M", "rows", "step_ms", "speedup", "ideal", "idle");
+  if (!plan.rows.empty()) std::printf("%s\n", memory_note(f, plan.rows.front()).c_str());
+  std::printf("%-9s %-24s %-18s %2s %4s %5s %10s %8s %7s %7s %9s\n", "partition", "split",
+              "schedule", "V", "M", "rows", "step_ms", "speedup", "ideal", "idle", "peak_GiB");
   for (const auto& r : plan.rows) {
     const std::string schedule = r.schedule == "model_parallel" ? "mp" : r.schedule + zb_tag(r);
-    std::printf("%-9s %-24s %-18s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%%\n", gpt2p::name_string(r.partition).c_str(),
-                r.split.c_str(), schedule.c_str(),
+    std::printf("%-9s %-24s %-18s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%% %9.3f\n",
+                gpt2p::name_string(r.partition).c_str(), r.split.c_str(), schedule.c_str(),
                 r.stages_per_rank, r.microbatches,
-                static_cast<long long>(f.spec.batch_size / r.microbatches),
-                1e3 * r.step_s, r.speedup, r.ideal, 100.0 * r.idle);
+                static_cast<long long>(f.spec.batch_size / r.microbatches), 1e3 * r.step_s,
+                r.speedup, r.ideal, 100.0 * r.idle, peak_gib(r));
   }
   // The fastest pipeline plan (the model_parallel rows are the baseline).
   const pl::PlanRow* best = nullptr;
@@ -305,7 +344,8 @@ int run(Flags f) {
         (best->zero_bubble ? " --zero-bubble" : "") +
         (best->zero_bubble && best->zb_extra_live != 0
              ? " --zb-extra-live " + std::to_string(best->zb_extra_live)
-             : std::string());
+             : std::string()) +
+        recompute_flag(f);
     std::printf("# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
                 "%.2fx model_parallel\n",
                 gpt2p::name_string(best->partition).c_str(), best->schedule.c_str(), extra.c_str(), best->microbatches,
@@ -316,7 +356,8 @@ int run(Flags f) {
     doc.update({{"program", "pp_plan"}, {"model", gpt2p::model::describe(config)},
                 {"stages", f.spec.stages}, {"batch_size", f.spec.batch_size},
                 {"seq_len", f.spec.seq_len}, {"precision", gpt2p::name_string(f.precision)}, {"device", where},
-                {"link_gbs", f.spec.link_gbs}, {"loss_fraction", f.spec.loss_fraction}});
+                {"link_gbs", f.spec.link_gbs}, {"loss_fraction", f.spec.loss_fraction},
+                {"recompute", gpt2p::name_string(f.spec.recompute)}, {"zero", f.spec.zero}});
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }
   return 0;

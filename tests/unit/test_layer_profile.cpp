@@ -41,6 +41,12 @@ TEST(LayerProfile, TimesEveryPartOnTheCpu) {
   }
   EXPECT_GT(t.block, 0.0);
   EXPECT_GT(t.head, 0.0);
+  // No allocator statistics on the CPU: the bytes kept are the estimate from the shapes.
+  const ActivationBytes estimate = estimate_activation_bytes(config, 2, 16, false, 1.0);
+  EXPECT_FALSE(t.activations.measured);
+  EXPECT_DOUBLE_EQ(t.activations.block, estimate.block);
+  EXPECT_DOUBLE_EQ(t.activations.head, estimate.head);
+  EXPECT_LT(t.activations.block_recompute, t.activations.block);
 }
 
 // With one block there is no chain to tell the per-stage overhead from the block's own cost.
@@ -60,7 +66,7 @@ TEST(LayerProfile, Bf16AutocastRunsToo) {
 }
 
 TEST(LayerProfile, CostsFollowThePartitionNumbering) {
-  const LayerTimes t{0.5, 2.0, 7.0};
+  const LayerTimes t{0.5, 2.0, 7.0, 0.0, {}};
   const auto costs = layer_costs_from_times(t, 3);
   ASSERT_EQ(costs.size(), 5u);
   EXPECT_EQ(costs.front(), 0.5);
@@ -71,7 +77,7 @@ TEST(LayerProfile, CostsFollowThePartitionNumbering) {
 // GPT-2 small on an H200 at 16 x 128: the head costs about 4.2 blocks (FLOPs say 5.3). Measured
 // costs move the cut one block later than the FLOP model's 0-9|10-13.
 TEST(LayerProfile, AMeasuredHeadMovesTheCut) {
-  const auto measured = layer_costs_from_times({0.1, 1.0, 4.2}, 12);
+  const auto measured = layer_costs_from_times({0.1, 1.0, 4.2, 0.0, {}}, 12);
   EXPECT_EQ(to_string(partition_balanced(measured, 2)), "0-8|9-13");
   const auto flops = layer_costs_flops(12, 768, 12, 128, 50304);
   EXPECT_EQ(to_string(partition_balanced(flops, 2)), "0-9|10-13");
@@ -278,6 +284,54 @@ TEST(PpPlan, HybridPredictsEverySplitOfTheGpus) {
                       std::to_string(doc["hybrid"][0]["dp"].get<int>())),
             std::string::npos)
       << text;
+}
+
+// --recompute blocks --zero 1 --gpus 4: every D x P row has each rank's peak memory, estimated
+// on the CPU. One rank holding the whole model over D = 4 replicas keeps its 8 bytes of weight
+// and gradient per parameter and a quarter of the moments: at least 10 and below the unsharded
+// 16 bytes per parameter (its activations are a few hundred kB here). Without replicas nothing is
+// sharded: the 4 ranks of D = 1 hold at least 16 bytes per parameter together.
+TEST(PpPlan, HybridPredictsPeakMemoryWithRecomputeAndZeroOne) {
+  testing::TempDir dir;
+  const std::string json = (dir / "hybrid.json");
+  const std::string cmd = plan_binary() +
+                          " --device cpu --preset tiny --n-layer 4 --vocab-size 300 --gpus 4"
+                          " --batch-size 8 --seq-len 8 --microbatches 1,2,4 --reps 1"
+                          " --recompute blocks --zero 1 --json-out " + json + " > " +
+                          (dir / "out.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto doc = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(doc["recompute"], "blocks");
+  EXPECT_EQ(doc["zero"], 1);
+  auto config = model::preset("tiny");
+  config.n_layer = 4;
+  config.vocab_size = 300;
+  const double params = static_cast<double>(config.num_parameters());
+  ASSERT_EQ(doc["hybrid"].size(), 3U);
+  for (const auto& r : doc["hybrid"]) {
+    const int dp = r["dp"], pp = r["pp"];
+    SCOPED_TRACE("D=" + std::to_string(dp));
+    EXPECT_EQ(r["peak_memory_measured"], false);
+    const auto peaks = r["peak_memory_bytes"].get<std::vector<double>>();
+    ASSERT_EQ(peaks.size(), static_cast<size_t>(pp));
+    double sum = 0;
+    for (double b : peaks) {
+      EXPECT_GT(b, 0.0);
+      sum += b;
+    }
+    if (pp == 1) {
+      EXPECT_GE(sum, 10 * params);
+      EXPECT_LT(sum, 16 * params);
+    }
+    if (dp == 1) {
+      EXPECT_GE(sum, 16 * params);
+    }
+  }
+  std::ifstream out(dir / "out.txt");
+  const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("peak_GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("estimated from the shapes"), std::string::npos) << text;
+  EXPECT_NE(text.find("--recompute blocks"), std::string::npos) << text;
 }
 
 TEST(PpPlan, AMicroBatchCountThatDoesNotDivideTheBatchIsAUsageError) {

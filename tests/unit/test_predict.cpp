@@ -1,8 +1,17 @@
 // Predicted step times: the textbook results for equal stages, and what the cost of the slowest
-// stage and of transfers does to them.
+// stage and of transfers does to them. Predicted peak memory per rank: weights, gradients and
+// AdamW's moments (ZeRO-1 divides the moments by the replicas) plus the activations a schedule
+// keeps alive, with and without recomputing the blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <sstream>
+#include <string>
+
 #include "gpt2p/core/error.h"
+#include "gpt2p/model/config.h"
+#include "gpt2p/pipeline/perf/memory.h"
+#include "gpt2p/pipeline/perf/planner.h"
 #include "gpt2p/pipeline/perf/predict.h"
 #include "support/errors.h"
 
@@ -115,6 +124,246 @@ TEST(Predict, BadInputSaysWhatToPass) {
   EXPECT_NE(error_of([&] {
               predict_step(ScheduleKind::kGPipe, 2, split, {1.0, 2.0});
             }).find("stage_costs"),
+            std::string::npos);
+}
+
+// Recompute runs each block's forward again inside its backward: forward_share of the blocks'
+// cost per micro-batch, and nothing for the embedding and the head.
+TEST(Predict, RecomputeAddsOneForwardOfTheBlocksToEveryBackward) {
+  const std::vector<double> costs{0.5, 2.0, 2.0, 2.0, 6.0};  // embedding, 3 blocks, head
+  const Partition one{{0, 5}};
+  StepModel model;
+  model.recompute = model::Recompute::kBlocks;
+  EXPECT_NEAR(predict_step(ScheduleKind::kOneFOneB, 4, one, costs, model).step,
+              4 * (12.5 + 6.0 / 3.0), 1e-9);
+  // Model parallelism over 0-1 | 2-4: 2.5 + 2/3 on the first stage, 10 + 4/3 on the second.
+  const Partition two{{0, 2}, {2, 5}};
+  const auto p = predict_step(ScheduleKind::kGPipe, 1, two, costs, model);
+  EXPECT_NEAR(p.step, 12.5 + 2.0, 1e-9);
+  EXPECT_NEAR(p.stage_busy[0], 2.5 + 2.0 / 3.0, 1e-9);
+}
+
+// A small model whose bytes can be counted by hand: C = 8, H = 2, V' = 64.
+model::GPT2Config counted_model(double dropout) {
+  model::GPT2Config c;
+  c.n_layer = 6;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.n_ctx = 16;
+  c.vocab_size = 50;  // padded to 64
+  c.dropout = dropout;
+  return c;
+}
+
+// Per token, with e bytes per autocast element and d = 1 under dropout:
+// block 16 + 4 H + 15 C e + 8 C + 2 C d (+ 24 C^2 bf16 weight copies per micro-batch).
+TEST(PredictMemory, TheEstimateCountsWhatTheReferencePathKeeps) {
+  const double tokens = 2 * 4;  // 2 rows of 4 tokens
+  const auto fp32 = estimate_activation_bytes(counted_model(0.1), 2, 4, false, 0.5);
+  EXPECT_FALSE(fp32.measured);
+  EXPECT_DOUBLE_EQ(fp32.block, tokens * (16 + 4 * 2 + 15 * 8 * 4 + 8 * 8 + 2 * 8));
+  EXPECT_DOUBLE_EQ(fp32.block_recompute, tokens * 4 * 8);
+  EXPECT_DOUBLE_EQ(fp32.stage_input, tokens * 4 * 8);
+  EXPECT_DOUBLE_EQ(fp32.embedding, tokens * (8 + 4 * 8) + 8 * 4);
+  // 2 loss positions per row: hidden-state gradient and index; the weight-sized gradient once.
+  EXPECT_DOUBLE_EQ(fp32.head, tokens * 8 + 2 * 2 * (4 * 8 + 8) + 4.0 * 64 * 8);
+  const auto bf16 = estimate_activation_bytes(counted_model(0.0), 2, 4, true, 0.5);
+  EXPECT_DOUBLE_EQ(bf16.block, tokens * (16 + 4 * 2 + 15 * 8 * 2 + 8 * 8) + 24 * 8 * 8);
+  EXPECT_DOUBLE_EQ(bf16.block_recompute, tokens * 4 * 8);
+  EXPECT_DOUBLE_EQ(bf16.embedding, tokens * 4 * 8 + 8 * 4);
+  EXPECT_NE(error_of([] { estimate_activation_bytes(counted_model(0.1), 0, 4, false, 1.0); })
+                .find("rows 0"),
+            std::string::npos);
+}
+
+// Made-up bytes per part, so that every term of the prediction is easy to tell apart.
+ActivationBytes made_up_bytes() {
+  ActivationBytes b;
+  b.embedding = 100;
+  b.block = 1000;
+  b.block_recompute = 10;
+  b.head = 5000;
+  b.stage_input = 7;
+  return b;
+}
+
+// Two stages, embedding + 3 blocks | 3 blocks + head, of the 6-block model above.
+const Partition kTwoStages{{0, 4}, {4, 8}};
+
+TEST(PredictMemory, StatesAreSixteenBytesPerParameterWithTheHeadsOwnWte) {
+  const auto config = counted_model(0.1);
+  const double block = static_cast<double>(config.layer_parameters(1));
+  const double embedding = static_cast<double>(config.layer_parameters(0));
+  EXPECT_DOUBLE_EQ(stage_parameters(config, kTwoStages[0]), embedding + 3 * block);
+  EXPECT_DOUBLE_EQ(stage_parameters(config, kTwoStages[1]), 3 * block + 2 * 8 + 64 * 8);
+  EXPECT_DOUBLE_EQ(stage_parameters(config, {0, 8}),
+                   static_cast<double>(config.num_parameters()));
+  const auto schedule = make_schedule(ScheduleKind::kOneFOneB, 4, 2);
+  const auto mem = predict_memory(config, kTwoStages, schedule, made_up_bytes(), {});
+  ASSERT_EQ(mem.size(), 2U);
+  EXPECT_DOUBLE_EQ(mem[0].states, 16 * (embedding + 3 * block));
+  EXPECT_DOUBLE_EQ(mem[0].recompute, 0.0);
+  EXPECT_DOUBLE_EQ(mem[0].total(), mem[0].states + mem[0].activations);
+}
+
+TEST(PredictMemory, ZeroOneDividesOnlyTheMomentsByTheReplicas) {
+  const auto config = counted_model(0.1);
+  const auto schedule = make_schedule(ScheduleKind::kOneFOneB, 4, 2);
+  for (int d : {1, 2, 4}) {
+    SCOPED_TRACE("D=" + std::to_string(d));
+    const auto bytes = made_up_bytes();
+    const auto plain = predict_memory(config, kTwoStages, schedule, bytes, {{}, d, false});
+    const auto zero = predict_memory(config, kTwoStages, schedule, bytes, {{}, d, true});
+    for (size_t r = 0; r < 2; ++r) {
+      const double params = stage_parameters(config, kTwoStages[r]);
+      EXPECT_DOUBLE_EQ(plain[r].states, 16 * params);  // replicas alone shard nothing
+      EXPECT_DOUBLE_EQ(zero[r].states, (8 + 8.0 / d) * params);
+      EXPECT_DOUBLE_EQ(zero[r].activations, plain[r].activations);
+    }
+  }
+  EXPECT_NE(error_of([&] {
+              predict_memory(config, kTwoStages, schedule, made_up_bytes(), {{}, 0, true});
+            }).find("0 replicas"),
+            std::string::npos);
+}
+
+// 1F1B holds min(M, P - r) micro-batches on rank r, GPipe all M: with M > P every rank of 1F1B
+// peaks lower, by whole micro-batches of its stage's bytes, and the simulator agrees on the count.
+TEST(PredictMemory, OneFOneBPeaksBelowGPipeWhenMExceedsTheStages) {
+  const auto config = counted_model(0.1);
+  const Partition four{{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+  const std::vector<double> costs(8, 1.0);
+  const auto kept = stage_activation_bytes(made_up_bytes(), four, 6, model::Recompute::kNone);
+  EXPECT_DOUBLE_EQ(kept[0], 100 + 1000);
+  EXPECT_DOUBLE_EQ(kept[1], 7 + 2 * 1000);
+  EXPECT_DOUBLE_EQ(kept[3], 7 + 1000 + 5000);
+  const int m = 8;
+  const auto gpipe = predict_step(ScheduleKind::kGPipe, m, four, costs);
+  const auto ofob = predict_step(ScheduleKind::kOneFOneB, m, four, costs);
+  const auto g = predict_memory(config, four, gpipe.schedule, made_up_bytes(), {});
+  const auto o = predict_memory(config, four, ofob.schedule, made_up_bytes(), {});
+  for (size_t r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_DOUBLE_EQ(g[r].activations, m * kept[r]);
+    EXPECT_DOUBLE_EQ(o[r].activations, static_cast<double>(4 - r) * kept[r]);
+    EXPECT_DOUBLE_EQ(o[r].activations, ofob.max_live_activations[r] * kept[r]);
+    EXPECT_DOUBLE_EQ(g[r].activations, gpipe.max_live_activations[r] * kept[r]);
+    EXPECT_LT(o[r].total(), g[r].total());
+    EXPECT_DOUBLE_EQ(o[r].states, g[r].states);
+  }
+}
+
+// Recompute keeps a block's output instead of its activations, and pays for one whole block at
+// the peak: less memory as soon as a rank holds more than one block's worth.
+TEST(PredictMemory, RecomputeKeepsLessButOneBlockWhole) {
+  const auto config = counted_model(0.1);
+  const auto schedule = make_schedule(ScheduleKind::kGPipe, 4, 2);
+  MemoryModel recompute;
+  recompute.recompute = model::Recompute::kBlocks;
+  const auto none = predict_memory(config, kTwoStages, schedule, made_up_bytes(), {});
+  const auto some = predict_memory(config, kTwoStages, schedule, made_up_bytes(), recompute);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_DOUBLE_EQ(none[r].activations - some[r].activations, 4 * 3 * (1000.0 - 10.0));
+    EXPECT_DOUBLE_EQ(some[r].recompute, 1000.0);
+    EXPECT_LT(some[r].total(), none[r].total());
+  }
+  // A stage with no block (the head alone) recomputes nothing.
+  const Partition head_alone{{0, 7}, {7, 8}};
+  const auto split = predict_memory(config, head_alone, schedule, made_up_bytes(), recompute);
+  EXPECT_DOUBLE_EQ(split[0].recompute, 1000.0);
+  EXPECT_DOUBLE_EQ(split[1].recompute, 0.0);
+}
+
+// Interleaved: a rank's live micro-batches belong to different stages, each weighing its own.
+TEST(PredictMemory, InterleavedWeighsEachLiveMicroBatchByItsStage) {
+  const Schedule schedule = make_schedule(ScheduleKind::kInterleaved, 4, 2, 2);
+  const std::vector<double> bytes{1, 10, 100, 1000};  // stages 0, 2 on rank 0; 1, 3 on rank 1
+  const auto peak = peak_activation_bytes(schedule, bytes);
+  const auto sim = predict_step(ScheduleKind::kInterleaved, 4, {{0, 2}, {2, 3}, {3, 4}, {4, 8}},
+                                std::vector<double>(8, 1.0), StepModel{0.0, 1.0 / 3, 2});
+  ASSERT_EQ(peak.size(), 2U);
+  for (size_t r = 0; r < 2; ++r) {
+    const double small = bytes[r], large = bytes[r + 2];
+    EXPECT_GT(peak[r], sim.max_live_activations[r] * small);
+    EXPECT_LT(peak[r], sim.max_live_activations[r] * large);
+  }
+  EXPECT_NE(error_of([&] { peak_activation_bytes(schedule, {1, 2}); }).find("names a stage"),
+            std::string::npos);
+}
+
+// "0-6|7-13" (inclusive layers per stage, as a PlanRow's split) as a Partition.
+Partition split_of(const std::string& text) {
+  Partition split;
+  std::stringstream ss(text);
+  std::string stage;
+  while (std::getline(ss, stage, '|')) {
+    const auto dash = stage.find('-');
+    split.push_back({std::stoi(stage.substr(0, dash)), std::stoi(stage.substr(dash + 1)) + 1});
+  }
+  return split;
+}
+
+// The same plan with recompute and with ZeRO-1 over 2 replicas: per rank, recompute keeps less
+// (a stage's 6 blocks down to their outputs, plus one whole block), and ZeRO-1 saves half the
+// moments, 4 bytes per parameter of the rank. The measured split is left out of the comparison:
+// a second measurement may cut elsewhere.
+TEST(PredictMemory, ThePlannersRowsWithRecomputeAndZeroOne) {
+  // 12 blocks, 32 wide, vocabulary 300: planned in well under a second on the CPU.
+  auto config = model::preset("tiny");
+  config.n_layer = 12;
+  config.n_embd = 32;
+  config.n_head = 2;
+  config.vocab_size = 300;
+  PlanSpec spec;  // 2 stages, 8 sequences of 8 tokens, M = 8, one timed repetition
+  spec.batch_size = 8;
+  spec.seq_len = 8;
+  spec.microbatches = {8};
+  spec.stages_per_rank = {1};
+  spec.reps = 1;
+  const Plan plain = make_plan(config, spec, c10::kCPU);
+  spec.recompute = model::Recompute::kBlocks;
+  const Plan recompute = make_plan(config, spec, c10::kCPU);
+  spec.recompute = model::Recompute::kNone;
+  spec.replicas = 2;
+  spec.zero = 1;
+  const Plan zero = make_plan(config, spec, c10::kCPU);
+  ASSERT_EQ(plain.rows.size(), 6U);  // 3 partitions x (gpipe, 1f1b)
+  ASSERT_EQ(recompute.rows.size(), plain.rows.size());
+  ASSERT_EQ(zero.rows.size(), plain.rows.size());
+  int compared = 0;
+  for (size_t i = 0; i < plain.rows.size(); ++i) {
+    const PlanRow &a = plain.rows[i], &b = recompute.rows[i], &z = zero.rows[i];
+    SCOPED_TRACE(a.split + " " + a.schedule);
+    ASSERT_EQ(a.peak_memory_bytes.size(), 2U);
+    EXPECT_FALSE(a.peak_memory_measured);
+    if (a.partition == PartitionKind::kMeasured) continue;
+    ASSERT_EQ(a.split, b.split);
+    ASSERT_EQ(a.split, z.split);
+    ++compared;
+    const auto split = split_of(a.split);
+    ASSERT_EQ(split.size(), 2U);
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_GT(a.peak_memory_bytes[r], 16 * stage_parameters(config, split[r]));
+      EXPECT_LT(b.peak_memory_bytes[r], a.peak_memory_bytes[r]);
+      EXPECT_NEAR(a.peak_memory_bytes[r] - z.peak_memory_bytes[r],
+                  4 * stage_parameters(config, split[r]), 1e-6 * a.peak_memory_bytes[r]);
+    }
+  }
+  EXPECT_EQ(compared, 4);
+  // GPipe keeps all 8 micro-batches on rank 0, 1F1B 2.
+  const auto& gpipe = plain.rows[0];
+  const auto& ofob = plain.rows[1];
+  ASSERT_EQ(gpipe.schedule, "gpipe");
+  ASSERT_EQ(ofob.schedule, "1f1b");
+  EXPECT_LT(ofob.peak_memory_bytes[0], gpipe.peak_memory_bytes[0]);
+  const auto doc = to_json(plain, 12);
+  EXPECT_EQ(doc["predictions"][1]["peak_memory_bytes"].size(), 2U);
+  EXPECT_EQ(doc["predictions"][1]["peak_memory_bytes"][0], ofob.peak_memory_bytes[0]);
+  EXPECT_EQ(doc["predictions"][1]["peak_memory_measured"], false);
+  EXPECT_EQ(doc["activation_bytes_by_rows"]["1"]["measured"], false);
+  EXPECT_GT(doc["activation_bytes_by_rows"]["1"]["block"].get<double>(), 0.0);
+  spec.zero = 2;
+  EXPECT_NE(error_of([&] { make_plan(config, spec, c10::kCPU); }).find("--zero 2"),
             std::string::npos);
 }
 

@@ -12,52 +12,86 @@
 namespace gpt2p::pipeline {
 namespace {
 
-// Fastest round's seconds per forward + backward of `range` alone on `device`.
-double time_layers(const model::GPT2Config& config, model::LayerRange range, int64_t rows,
-                   int64_t seq_len, bool bf16, const torch::Device& device, int warmup, int reps,
-                   int rounds, double loss_fraction) {
-  model::GPT2 layers(config, range);
-  layers->reset_parameters(/*seed=*/1);
-  layers->to(device);
-  layers->train();
-  GptStage stage(layers, /*n_microbatches=*/1, bf16);
+// One part of the model alone on `device` (random weights and tokens), run as the executor runs a
+// micro-batch: forward, then backward with the output's gradient (the loss's own on the last
+// stage). A received activation requires grad, as in the executor.
+class Part {
+ public:
+  Part(const model::GPT2Config& config, model::LayerRange range, int64_t rows, int64_t seq_len,
+       bool bf16, const torch::Device& device, double loss_fraction,
+       model::Recompute recompute = model::Recompute::kNone)
+      : layers_(config, range), stage_(init(layers_, device, recompute), 1, bf16) {
+    const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
+    StageBatch batch;
+    batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
+    batch.labels = torch::randint(config.vocab_size, {rows, seq_len}, ids);
+    // The first `counted` positions of each row count, as the target span of a translation pair.
+    const auto counted = std::clamp<int64_t>(
+        static_cast<int64_t>(std::llround(loss_fraction * static_cast<double>(seq_len))), 1,
+        seq_len);
+    batch.host_mask = torch::zeros({rows, seq_len});
+    batch.host_mask.narrow(1, 0, counted).fill_(1.0);
+    batch.mask = batch.host_mask.to(device);
+    batch.global_target_tokens = rows * counted;
+    stage_.set_batch(batch);
+    if (!stage_.is_first())
+      hidden_ = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
+  }
 
-  const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  StageBatch batch;
-  batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
-  batch.labels = torch::randint(config.vocab_size, {rows, seq_len}, ids);
-  // The first `counted` positions of each row count, as the target span of a translation pair.
-  const auto counted = std::clamp<int64_t>(
-      static_cast<int64_t>(std::llround(loss_fraction * static_cast<double>(seq_len))), 1, seq_len);
-  batch.host_mask = torch::zeros({rows, seq_len});
-  batch.host_mask.narrow(1, 0, counted).fill_(1.0);
-  batch.mask = batch.host_mask.to(device);
-  batch.global_target_tokens = rows * counted;
-  stage.set_batch(batch);
-  torch::Tensor hidden;
-  if (!stage.is_first())
-    hidden = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
+  torch::Tensor forward() {
+    return stage_.forward(0, stage_.is_first() ? stage_.input(0)
+                                               : hidden_.detach().requires_grad_(true));
+  }
+  void backward(const torch::Tensor& out) {
+    stage_.backward(0, out, stage_.is_last() ? torch::Tensor() : torch::ones_like(out));
+  }
+  void iteration() { backward(forward()); }
 
-  // What the executor does per micro-batch: forward, then backward with the output's gradient
-  // (the loss's own on the last stage). A received activation requires grad, as in the executor.
-  const auto iteration = [&] {
-    const torch::Tensor input =
-        stage.is_first() ? stage.input(0) : hidden.detach().requires_grad_(true);
-    const torch::Tensor out = stage.forward(0, input);
-    stage.backward(0, out, stage.is_last() ? torch::Tensor() : torch::ones_like(out));
-  };
-  for (int i = 0; i < warmup; ++i) iteration();
+ private:
+  static model::GPT2 init(model::GPT2 layers, const torch::Device& device,
+                          model::Recompute recompute) {
+    layers->reset_parameters(/*seed=*/1);
+    layers->to(device);
+    layers->train();
+    layers->set_recompute(recompute);
+    return layers;
+  }
+
+  model::GPT2 layers_;
+  GptStage stage_;
+  torch::Tensor hidden_;
+};
+
+// Fastest round's seconds per forward + backward of `part`.
+double time_part(Part& part, const torch::Device& device, int warmup, int reps, int rounds) {
+  for (int i = 0; i < warmup; ++i) part.iteration();
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < rounds; ++r) {
     compat::synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) iteration();
+    for (int i = 0; i < reps; ++i) part.iteration();
     compat::synchronize(device);
     const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
     best = std::min(best, dt.count() / reps);
   }
-  stage.take_loss();
   return best;
+}
+
+// What the allocator holds on `device` now. compat has no query of the current allocation, but
+// resetting the peak sets it to what is allocated, so the peak right after a reset is the current
+// count.
+double allocated_bytes(const torch::Device& device) {
+  compat::reset_peak_memory(device);
+  return static_cast<double>(compat::peak_memory_bytes(device));
+}
+
+// Bytes one forward of `part` leaves allocated until its backward, its output included (CUDA).
+double kept_bytes(Part& part, const torch::Device& device) {
+  const double before = allocated_bytes(device);
+  const torch::Tensor out = part.forward();
+  const double kept = allocated_bytes(device) - before;
+  part.backward(out);
+  return std::max(0.0, kept);
 }
 
 }  // namespace
@@ -73,15 +107,27 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   GPT2P_CHECK(loss_fraction > 0 && loss_fraction <= 1,
               "measure_layer_times: loss fraction " << loss_fraction << " is not in (0, 1]",
               "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
-  const int64_t L = config.n_layer;
-  const auto time = [&](int64_t begin, int64_t end) {
-    const model::LayerRange range{static_cast<int>(begin), static_cast<int>(end)};
-    return time_layers(config, range, micro_rows, seq_len, bf16, device, warmup, reps, rounds,
-                       loss_fraction);
+  const int L = static_cast<int>(config.n_layer);
+  const bool count = device.is_cuda();  // the CPU has no allocator statistics
+  ActivationBytes kept =
+      estimate_activation_bytes(config, micro_rows, seq_len, bf16, loss_fraction);
+  const auto time = [&](int begin, int end, double* bytes = nullptr) {
+    Part part(config, {begin, end}, micro_rows, seq_len, bf16, device, loss_fraction);
+    const double seconds = time_part(part, device, warmup, reps, rounds);
+    if (count && bytes != nullptr) *bytes = kept_bytes(part, device);
+    return seconds;
   };
-  const double one = time(1, 2), embedding = time(0, 1), head = time(L + 1, L + 2);
+  const double one = time(1, 2, &kept.block), embedding = time(0, 1, &kept.embedding),
+               head = time(L + 1, L + 2, &kept.head);
+  if (count) {
+    Part part(config, {1, 2}, micro_rows, seq_len, bf16, device, loss_fraction,
+              model::Recompute::kBlocks);
+    part.iteration();  // the first backward makes the gradients, which are no activations
+    kept.block_recompute = kept_bytes(part, device);
+    kept.measured = true;
+  }
   double stage = 0.0;
-  const int64_t k = std::min<int64_t>(4, L);
+  const int k = std::min(4, L);
   if (k > 1) {
     // Marginal block: a chain of k blocks minus one block alone, per added block. Where timing
     // noise puts the chain below one block, its mean stands for the block.
@@ -96,6 +142,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   t.block = one - stage;
   t.embedding = embedding - stage;
   t.head = head - stage;
+  t.activations = kept;
   return t;
 }
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/pipeline/perf/memory.h"
 #include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/perf/predict.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
@@ -16,6 +18,10 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
                 "pp_plan: " << m << " micro-batches do not divide the batch of " << spec.batch_size,
                 "drop it or change the batch");
   }
+  GPT2P_CHECK(spec.replicas >= 1, "pp_plan: " << spec.replicas << " data-parallel replicas",
+              "plan at least one replica");
+  GPT2P_CHECK(spec.zero == 0 || spec.zero == 1, "pp_plan: --zero " << spec.zero,
+              "pass 0 (no sharding) or 1 (AdamW's moments sharded over the replicas)");
   const int L = static_cast<int>(config.n_layer);
   std::vector<int> counts = spec.microbatches;
   if (std::find(counts.begin(), counts.end(), 1) == counts.end()) counts.insert(counts.begin(), 1);
@@ -52,8 +58,10 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     model.zero_bubble = zb;
     model.block_weight_share = zb ? weight_share : 0.0;
     model.zb_extra_live = extra_live;
+    model.recompute = spec.recompute;
     return model;
   };
+  const MemoryModel memory{spec.recompute, spec.replicas, spec.zero == 1};
   for (int v : spec.stages_per_rank) {
     GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
   }
@@ -101,10 +109,13 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
                                                 step_model(m, v, zb.has_value(), zb.value_or(0)));
           const double mv = static_cast<double>(m) * v;
           const double bubble = (n - 1) * (zb ? 1.0 - 2.0 * weight_share : 1.0);
-          plan.rows.push_back({partition, to_string(stages),
-                               m == 1 ? "model_parallel" : to_string(kind), v, zb.has_value(),
-                               zb.value_or(0), m, p.step, mp / p.step, n * mv / (mv + bubble),
-                               p.bubble, p.stage_busy});
+          const ActivationBytes& kept = plan.times.at(spec.batch_size / m).activations;
+          PlanRow row{partition, to_string(stages), m == 1 ? "model_parallel" : to_string(kind),
+                      v, zb.has_value(), zb.value_or(0), m, p.step, mp / p.step,
+                      n * mv / (mv + bubble), p.bubble, p.stage_busy, {}, kept.measured};
+          for (const RankMemory& r : predict_memory(config, stages, p.schedule, kept, memory))
+            row.peak_memory_bytes.push_back(r.total());
+          plan.rows.push_back(std::move(row));
         }
       };
       for (int v : spec.stages_per_rank) {
@@ -123,10 +134,16 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 }
 
 nlohmann::json to_json(const Plan& plan, int n_layer) {
-  nlohmann::json costs = nlohmann::json::object(), overheads = nlohmann::json::object();
+  nlohmann::json costs = nlohmann::json::object(), overheads = nlohmann::json::object(),
+                 kept = nlohmann::json::object();
   for (const auto& [rows, t] : plan.times) {
     costs[std::to_string(rows)] = layer_costs_from_times(t, n_layer);
     overheads[std::to_string(rows)] = t.stage;
+    const ActivationBytes& a = t.activations;
+    kept[std::to_string(rows)] = {{"embedding", a.embedding},     {"block", a.block},
+                                  {"block_recompute", a.block_recompute},
+                                  {"head", a.head},               {"stage_input", a.stage_input},
+                                  {"measured", a.measured}};
   }
   nlohmann::json rows = nlohmann::json::array();
   for (const PlanRow& r : plan.rows) {
@@ -141,10 +158,13 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
                     {"speedup_vs_model_parallel", r.speedup},
                     {"ideal_speedup", r.ideal},
                     {"idle_fraction", r.idle},
-                    {"stage_busy_s", r.stage_busy_s}});
+                    {"stage_busy_s", r.stage_busy_s},
+                    {"peak_memory_bytes", r.peak_memory_bytes},
+                    {"peak_memory_measured", r.peak_memory_measured}});
   }
   return {{"layer_costs_s_by_rows", costs},
           {"stage_overhead_s_by_rows", overheads},
+          {"activation_bytes_by_rows", kept},
           {"predictions", rows}};
 }
 

@@ -30,14 +30,15 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
   SimCosts costs;
   for (size_t s = 0; s < stage.size(); ++s) {
     const double c = stage[s] + model.stage_overhead;
-    double w = 0;
-    if (model.zero_bubble) {
-      for (int layer = partition[s].begin; layer < partition[s].end; ++layer) {
-        if (layer >= 1 && layer <= n_layers - 2) w += model.block_weight_share * layer_costs[layer];
-      }
+    double w = 0, blocks = 0;
+    for (int layer = partition[s].begin; layer < partition[s].end; ++layer) {
+      if (layer >= 1 && layer <= n_layers - 2) blocks += layer_costs[layer];
     }
+    if (model.zero_bubble) w = model.block_weight_share * blocks;
+    const double recompute =
+        model.recompute == model::Recompute::kBlocks ? forward_share * blocks : 0.0;
     costs.forward.push_back(forward_share * c);
-    costs.backward.push_back((1.0 - forward_share) * c - w);
+    costs.backward.push_back((1.0 - forward_share) * c - w + recompute);
     costs.weight.push_back(w);
   }
   costs.comm = comm;
@@ -59,7 +60,7 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
               "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
                                    << ", n = " << n << " deadlocks: " << sim.deadlock_reason,
               "report this: every schedule pp_train runs must simulate without deadlock");
-  return {sim.makespan, sim.bubble_fraction, sim.busy};
+  return {sim.makespan, sim.bubble_fraction, sim.busy, sim.max_live_activations, schedule};
 }
 
 }  // namespace gpt2p::pipeline

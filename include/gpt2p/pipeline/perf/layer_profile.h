@@ -9,6 +9,10 @@
 //
 // GPT-2's blocks are all the same shape, so one block is timed and stands for every block: the
 // profile fits in one GPU's memory whatever the depth of the model.
+//
+// The profile also counts the bytes each part's training forward keeps for its backward
+// (memory.h's ActivationBytes), for the planner's peak memory per rank: on CUDA from the caching
+// allocator, on the CPU (no allocator statistics) estimated from the shapes.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "gpt2p/model/config.h"
+#include "gpt2p/pipeline/perf/memory.h"
 
 namespace gpt2p::pipeline {
 
@@ -30,6 +35,8 @@ struct LayerTimes {
   // the bottleneck (small micro-batches, bf16) timing each layer alone would count it once per
   // layer. 0 when the model has one block (nothing to tell it apart).
   double stage = 0;
+  // Bytes one micro-batch keeps per part (not seconds): measured on CUDA, else estimated.
+  ActivationBytes activations;
 };
 
 // Builds each part alone (random weights, random tokens), runs `warmup` untimed iterations, then
@@ -41,6 +48,12 @@ struct LayerTimes {
 // default): `loss_fraction` of each row's positions count (the data's share of target tokens;
 // TrainData::target_fraction), at least one. Throws on micro_rows, seq_len, reps or rounds < 1 and
 // on a fraction outside (0, 1].
+//
+// On CUDA, `activations` are what the allocator holds after one more forward of each part alone
+// (grad on, after the timed iterations, so the gradients exist already) minus what it held
+// before, the part's output included and its input not; the block is counted once as it runs and
+// once built with Recompute::kBlocks. The stage input is its shape in fp32. Elsewhere they are
+// estimate_activation_bytes's.
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
                                int rounds = 3, double loss_fraction = 1.0);

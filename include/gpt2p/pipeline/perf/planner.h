@@ -1,6 +1,7 @@
 // The pipeline planner behind pp_plan: layer times measured on one device (layer_profile.h) for
 // every micro-batch size, the split each --partition gives, and the simulator's prediction
-// (predict.h) for every partition x schedule x M, relative to model parallelism on the same split.
+// (predict.h) for every partition x schedule x M, relative to model parallelism on the same split,
+// with each rank's peak memory (memory.h).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "gpt2p/model/config.h"
+#include "gpt2p/model/options.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
 #include "gpt2p/pipeline/plan/partition.h"
 
@@ -33,6 +35,13 @@ struct PlanSpec {
   // With zero_bubble: the memory allowances to predict, each a pp_train --zb-extra-live (0: the
   // base schedule's memory; zero_bubble.h's kNoLiveLimit: none).
   std::vector<int> zb_extra_live{0};
+  // pp_train --recompute: kBlocks adds one forward of its blocks to every backward (predict.h)
+  // and keeps only each block's input (memory.h).
+  model::Recompute recompute = model::Recompute::kNone;
+  // The pipeline's data-parallel replicas D (pp_train --dp) and pp_train --zero (1: AdamW's
+  // moments sharded over them); only the memory prediction reads them.
+  int replicas = 1;
+  int zero = 0;
 };
 
 struct PlanRow {
@@ -51,6 +60,8 @@ struct PlanRow {
   double ideal = 0;
   double idle = 0;     // idle fraction of all stages
   std::vector<double> stage_busy_s;  // per rank
+  std::vector<double> peak_memory_bytes;  // per rank (memory.h: predict_memory)
+  bool peak_memory_measured = false;      // activations from the CUDA allocator, else estimated
 };
 
 struct Plan {
@@ -60,16 +71,18 @@ struct Plan {
 };
 
 // Measures (M = 1, the model-parallel baseline, always) and predicts. Throws gpt2p::Error for an M
-// that does not divide the batch, a V < 1, or more stages than blocks. A uniform split that leaves
-// a stage empty (e.g. 12 blocks on 8 stages) gives no uniform rows and a note, as does a V whose
-// stages x V exceed the blocks. Interleaved rows are relative to model parallelism on the
-// partition's split into `stages` stages.
+// that does not divide the batch, a V < 1, more stages than blocks, replicas < 1 or a zero other
+// than 0 and 1. A uniform split that leaves a stage empty (e.g. 12 blocks on 8 stages) gives no
+// uniform rows and a note, as does a V whose stages x V exceed the blocks. Interleaved rows are
+// relative to model parallelism on the partition's split into `stages` stages. Every row's memory
+// is predict_memory's for its schedule, from the profile's bytes at its micro-batch size.
 Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
-// "predictions": [{partition, split, schedule,
-// stages_per_rank, zero_bubble, zb_extra_live, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
-// stage_busy_s}]}
+// "activation_bytes_by_rows": {"64": {embedding, block, block_recompute, head, stage_input,
+// measured}, ...}, "predictions": [{partition, split, schedule, stages_per_rank, zero_bubble,
+// zb_extra_live, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,
+// stage_busy_s, peak_memory_bytes, peak_memory_measured}]}
 nlohmann::json to_json(const Plan& plan, int n_layer);
 
 }  // namespace gpt2p::pipeline

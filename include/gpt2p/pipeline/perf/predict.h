@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "gpt2p/model/options.h"
 #include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/plan/schedule.h"
 
@@ -15,6 +16,9 @@ struct StepPrediction {
   double step = 0;                 // makespan of one step (forward + backward of every micro-batch)
   double bubble = 0;               // idle fraction of all stages over the step
   std::vector<double> stage_busy;  // per rank: compute time per step
+  // Per rank: the most micro-batches whose activations it holds at once (simulator.h).
+  std::vector<int> max_live_activations;
+  Schedule schedule;  // what was simulated, with communication (memory.h weighs its live F's)
 };
 
 // What a step costs besides the layers, and how it splits (all times in layer_costs' unit).
@@ -29,6 +33,9 @@ struct StepModel {
   bool zero_bubble = false;
   double block_weight_share = 0.0;
   int zb_extra_live = 0;  // zero_bubble_schedule's extra_live (0: the base's memory)
+  // kBlocks (pp_train --recompute blocks): every backward first runs its blocks' forward again,
+  // forward_share of each block layer's cost, added to the stage's B.
+  model::Recompute recompute = model::Recompute::kNone;
 };
 
 // `layer_costs`: forward + backward cost of ONE micro-batch per layer (partition.h numbering), in
