@@ -93,7 +93,6 @@ void GradBuckets::finish_backward() {
 
 void GradBuckets::fill_all() {
   arm(true);
-  for (size_t s = 0; s < slots_.size(); ++s) on_grad(s, torch::Tensor());
   finish_backward();
 }
 
@@ -109,7 +108,9 @@ int64_t GradBuckets::total_numel() const {
 }
 
 void GradBuckets::on_grad(size_t s, const torch::Tensor& grad) {
-  if (!armed_ || slots_[s].filled) return;
+  // An undefined gradient is none yet (a deferred weight's, zero-bubble's W adds it later):
+  // finish_backward() takes .grad then.
+  if (!armed_ || slots_[s].filled || !grad.defined()) return;
   fill(s, grad);
   auto& b = buckets_[slots_[s].bucket];
   if (--b.pending == 0) ready(slots_[s].bucket);

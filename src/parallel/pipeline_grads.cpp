@@ -7,28 +7,44 @@
 
 namespace gpt2p::parallel {
 
-void sum_replica_gradients(const std::vector<model::GPT2>& stages, comm::Communicator& replicas,
-                           double bucket_mb) {
-  if (replicas.size() == 1) return;
-  const auto limit = static_cast<int64_t>(bucket_mb * (1 << 20));
-  std::vector<torch::Tensor> bucket;
-  int64_t bytes = 0;
-  const auto flush = [&] {
-    if (!bucket.empty()) replicas.all_reduce(bucket, comm::ReduceOp::kSum);
-    bucket.clear();
-    bytes = 0;
-  };
-  for (const auto& m : stages) {
-    for (auto& p : m->parameters()) {
-      if (!p.grad().defined()) continue;
-      // One dtype per flattened buffer.
-      if (!bucket.empty() && bucket.front().scalar_type() != p.grad().scalar_type()) flush();
-      bucket.push_back(p.mutable_grad());
-      bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
-      if (bytes >= limit) flush();
+ReplicaGradSync::ReplicaGradSync(const std::vector<model::GPT2>& stages,
+                                 comm::Communicator& replicas, double bucket_mb)
+    : replicas_(replicas), works_(stages.size()) {
+  for (size_t c = 0; c < stages.size(); ++c) {
+    BucketOptions o;
+    o.bucket_mb = bucket_mb;
+    o.dtype = torch::kFloat32;
+    buckets_.push_back(std::make_unique<GradBuckets>(
+        stages[c]->parameters(), o, [this, c](size_t b) {
+          works_[c][b] = replicas_.all_reduce_async(buckets_[c]->flat(b), comm::ReduceOp::kSum);
+        }));
+    works_[c].resize(buckets_.back()->buckets().size());
+  }
+}
+
+void ReplicaGradSync::arm(size_t stage) { buckets_.at(stage)->arm(true); }
+
+void ReplicaGradSync::finish() {
+  for (size_t c = 0; c < buckets_.size(); ++c) {
+    auto& buckets = *buckets_[c];
+    // A stage whose last backward never came (no micro-batch reached it) is filled whole.
+    if (!buckets.armed()) buckets.arm(true);
+    buckets.finish_backward();
+    for (size_t b = 0; b < works_[c].size(); ++b) {
+      works_[c][b]->wait();
+      works_[c][b].reset();
+      for (size_t s : buckets.buckets()[b].slots) {
+        auto& param = buckets.slots()[s].param;
+        auto& g = param.mutable_grad();
+        const auto sum = buckets.view(buckets.flat(b), s);
+        if (g.defined()) {
+          g.copy_(sum);
+        } else {
+          g = sum.clone();
+        }
+      }
     }
   }
-  flush();
 }
 
 void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm) {

@@ -106,7 +106,7 @@ class PipelineStep final : public StepStrategy {
   PipelineStep(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
                std::vector<model::GPT2>& models,
                std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
-               std::vector<std::unique_ptr<ShardedAdamW>>& zero,
+               std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
                std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
                pipeline::Executor& executor, const std::vector<int>& my_stages,
                const pipeline::Partition& split, int microbatches, bool bf16,
@@ -118,6 +118,7 @@ class PipelineStep final : public StepStrategy {
         models_(models),
         optimizers_(optimizers),
         zero_(zero),
+        replica_sum_(replica_sum),
         stages_(stages),
         executor_(executor),
         my_stages_(my_stages),
@@ -145,8 +146,9 @@ class PipelineStep final : public StepStrategy {
     clock_.mark(0);
     if (zero_.empty()) {
       // Each stage's gradient summed over its replicas (each replica's loss is its share of the
-      // global batch's mean), then the tied weight's two halves within each pipeline.
-      if (ctx_.dp_comm) sum_replica_gradients(models_, *ctx_.dp_comm, cfg_.bucket_mb);
+      // global batch's mean; started by the stage's last backward), then the tied weight's two
+      // halves within each pipeline.
+      if (replica_sum_ != nullptr) replica_sum_->finish();
       parallel::sync_tied_gradient(models_, *ctx_.comm);
     } else {
       // The tied weight's halves first, so that the first and the last stage reduce-scatter the
@@ -248,6 +250,7 @@ class PipelineStep final : public StepStrategy {
   std::vector<model::GPT2>& models_;
   std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers_;
   std::vector<std::unique_ptr<ShardedAdamW>>& zero_;
+  ReplicaGradSync* replica_sum_;  // null with one replica or with ZeRO
   std::vector<std::unique_ptr<pipeline::GptStage>>& stages_;
   pipeline::Executor& executor_;
   const std::vector<int>& my_stages_;
@@ -379,6 +382,15 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
                                                           cfg.zero_bubble));
     stage_ptrs.push_back(stages.back().get());
   }
+  // The replicas' sum, each stage's started by its last backward (without ZeRO, whose
+  // reduce-scatter follows the tied weight's exchange instead).
+  std::unique_ptr<ReplicaGradSync> replica_sum;
+  if (ctx.dp_comm && zero.empty()) {
+    replica_sum = std::make_unique<ReplicaGradSync>(models, *ctx.dp_comm, cfg.bucket_mb);
+    for (size_t c = 0; c < stages.size(); ++c) {
+      stages[c]->set_last_backward_hook([sum = replica_sum.get(), c] { sum->arm(c); });
+    }
+  }
   pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
                                     ctx.grad_wrap_comm.get());
   const auto schedule =
@@ -450,8 +462,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
                 static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
     std::fflush(stdout);
   }
-  PipelineStep strategy(ctx, data, recorder, models, optimizers, zero, stages, executor, my_stages,
-                        split, m, bf16, positions);
+  PipelineStep strategy(ctx, data, recorder, models, optimizers, zero, replica_sum.get(), stages,
+                        executor, my_stages, split, m, bf16, positions);
   return run_training(ctx, data, recorder, state,
                       {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp)},
                       strategy);

@@ -139,9 +139,14 @@ void expect_hybrid_equals_one_rank(int dp, const Case& k) {
           : pipeline::make_schedule(k.kind, m, n, v);
   pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(mesh.pp_rank)],
                               mesh.pp_rank, n, torch::kCPU);
+  // What PipelineStep does: the replicas' sum started by each stage's last backward (small
+  // buckets: several), finished after the schedule, then the tied weight's halves.
+  parallel::ReplicaGradSync replica_sum(models, *comms.replicas, 0.01);
+  for (size_t c = 0; c < stages.size(); ++c) {
+    stages[c]->set_last_backward_hook([&replica_sum, c] { replica_sum.arm(c); });
+  }
   executor.run_step(0, 0.0);
-  // What PipelineStep does between backward and the optimizer (a small bucket: several).
-  parallel::sum_replica_gradients(models, *comms.replicas, 0.01);
+  replica_sum.finish();
   parallel::sync_tied_gradient(models, *comms.pipe);
 
   // The loss: the last stage's, broadcast in the pipeline, summed over the replicas.

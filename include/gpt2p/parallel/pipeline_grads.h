@@ -3,19 +3,35 @@
 // stage) and the norm over every stage of every rank.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/model/gpt2.h"
+#include "gpt2p/parallel/grad_buckets.h"
 
 namespace gpt2p::parallel {
 
-// With --dp D: every gradient of this rank's `stages` summed over `replicas` (the D ranks holding
-// these stages, one per replica), in buckets of about `bucket_mb` MiB (one flattened all_reduce
-// each). Every rank of `replicas` calls it with the same stages; afterwards all hold the same
-// bits.
-void sum_replica_gradients(const std::vector<model::GPT2>& stages, comm::Communicator& replicas,
-                           double bucket_mb);
+// With --dp D: every gradient of this rank's stages summed over `replicas` (the D ranks holding
+// these stages, one per replica), overlapped with the pipeline's last backwards: one set of
+// gradient buckets of about bucket_mb MiB per stage (grad_buckets.h), armed right before that
+// stage's last backward of the step (GptStage::set_last_backward_hook), so each bucket is
+// all-reduced as soon as that backward has produced its gradients. finish() after the schedule adds what no hook saw -- zero bubble's
+// deferred weight gradients, which its W's add to .grad directly -- waits, and leaves every sum
+// in .grad; all replicas then hold the same bits. Every rank of `replicas` builds it over the same
+// stages.
+class ReplicaGradSync {
+ public:
+  ReplicaGradSync(const std::vector<model::GPT2>& stages, comm::Communicator& replicas,
+                  double bucket_mb);
+  void arm(size_t stage);
+  void finish();
+
+ private:
+  comm::Communicator& replicas_;
+  std::vector<std::vector<comm::WorkPtr>> works_;       // per stage, per bucket
+  std::vector<std::unique_ptr<GradBuckets>> buckets_;  // per stage; last: hooks use works_
+};
 
 // After backward on every rank: the first and the last stage each hold one part of the tied wte
 // gradient (embedding and head); both end up with the sum, so the two copies stay equal after the

@@ -28,6 +28,7 @@ GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16,
 }
 
 void GptStage::set_batch(StageBatch batch) {
+  backwards_ = 0;
   const int64_t rows = batch.inputs.size(0);
   GPT2P_CHECK(
       rows % n_microbatches_ == 0,
@@ -81,6 +82,7 @@ torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
 }
 
 void GptStage::backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) {
+  if (++backwards_ == n_microbatches_ && last_backward_hook_) last_backward_hook_();
   if (!grad.defined()) {
     output.backward();
   } else {

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "gpt2p/comm/communicator.h"
@@ -58,6 +59,10 @@ class GptStage : public Stage {
            bool split_backward = false);
 
   void set_batch(StageBatch batch);
+  // Called right before the step's last backward on this stage (the n_microbatches-th, counted
+  // from set_batch): when that backward starts, every earlier micro-batch's gradients are in
+  // .grad, so a data-parallel sum over replicas can start as this one produces each gradient.
+  void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
   // resets it. Other stages: 0.
   double take_loss();
@@ -84,6 +89,8 @@ class GptStage : public Stage {
   int64_t micro_rows_ = 0;
   torch::Tensor loss_sum_;
   std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
+  std::function<void()> last_backward_hook_;
+  int backwards_ = 0;  // this step's backward calls so far
 };
 
 }  // namespace gpt2p::pipeline
