@@ -29,8 +29,8 @@ int world_size() {
 
 // The message of an exception, with this rank's label where the error has none of its own.
 std::string describe(const std::exception& e, bool labelled) {
-  if (labelled || world_size() == 1) return e.what();
-  return "[" + process_label() + "] " + e.what();
+  if (labelled || world_size() == 1) return error_message(e.what());
+  return "[" + process_label() + "] " + error_message(e.what());
 }
 
 [[noreturn]] void bring_down(const char* program, const std::string& message, int code) {
@@ -44,6 +44,21 @@ std::string describe(const std::exception& e, bool labelled) {
 }
 
 }  // namespace
+
+std::string error_message(const std::string& what) {
+  std::string m = what;
+  for (const char* tail : {"\nException raised from", "\nframe #"}) {
+    const auto at = m.find(tail);
+    if (at != std::string::npos) m.erase(at);
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  if (m.find("out of memory") != std::string::npos && m.find(" -- fix: ") == std::string::npos) {
+    m += " -- fix: lower --batch-size or --seq-len (or raise --grad-accum / --microbatches), or "
+         "trade memory for time: --recompute blocks, --zero 1 with data parallelism, more "
+         "pipeline stages; pp_plan predicts each rank's peak";
+  }
+  return m;
+}
 
 void on_every_rank(const std::function<void()>& check, std::chrono::milliseconds timeout) {
   int code = 0;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "gpt2p/cli/main_guard.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p {
@@ -82,6 +83,22 @@ TEST(Error, MpiCheckPassesSuccess) {
   };
   EXPECT_NO_THROW(GPT2P_MPI_CHECK(ok()));
   EXPECT_EQ(calls, 1);  // the call is made exactly once
+}
+
+TEST(ErrorMessage, TorchsBacktraceIsCutAndOutOfMemoryGetsTheFix) {
+  const std::string torch_oom =
+      "CUDA out of memory. Tried to allocate 150.00 MiB. GPU 0 has a total capacity of 139.80 GiB\n"
+      "Exception raised from malloc at /pytorch/c10/cuda/CUDACachingAllocator.cpp:1412 (most "
+      "recent call first):\nframe #0: c10::Error::Error(c10::SourceLocation) + 0x9d\n";
+  const auto m = gpt2p::cli::error_message(torch_oom);
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  EXPECT_EQ(m.find("frame #"), std::string::npos) << m;
+  EXPECT_THAT(m, ::testing::StartsWith("CUDA out of memory. Tried to allocate 150.00 MiB."));
+  EXPECT_THAT(m, ::testing::HasSubstr("-- fix: lower --batch-size"));
+  EXPECT_THAT(m, ::testing::HasSubstr("--recompute blocks"));
+  // Our own errors pass unchanged, their fix included.
+  EXPECT_EQ(gpt2p::cli::error_message("no such file -- fix: pass --data"),
+            "no such file -- fix: pass --data");
 }
 
 }  // namespace

@@ -42,6 +42,11 @@ using ProgramBody = std::function<int(const Topology& topo, int argc, char** arg
 // Initialises MPI, runs `body`, finalises MPI and returns body's exit code (above).
 int run_guarded(const char* program, int argc, char** argv, const ProgramBody& body);
 
+// A library's exception text as run_guarded prints it: torch's appended C++ backtrace ("Exception
+// raised from ...", "frame #N: ...") cut off, and for a device out of memory the fix: what uses
+// the memory and what trades it.
+std::string error_message(const std::string& what);
+
 // Runs `check` on every rank of MPI_COMM_WORLD, then the ranks agree (one small collective, with
 // `timeout`). When any rank's check threw, every rank ends the job as described at the top: the
 // lowest failing rank prints, all exit with the largest code (kExitUsage for UsageError). Must be
