@@ -146,12 +146,7 @@ class BucketedSync final : public GradSync {
     if (!synced_) return {};
     synced_ = false;
     for (auto& w : works_) w->synchronize();
-    const auto done = Clock::now();
-    const auto start = first_launch_ == Clock::time_point{} ? backward_end_ : first_launch_;
-    SyncTimes t;
-    t.total = std::chrono::duration<double>(done - start).count();
-    t.exposed = std::chrono::duration<double>(done - backward_end_).count();
-    return t;
+    return sync_times(first_launch_, backward_end_, Clock::now());
   }
 
   std::string name() const override { return "bucketed"; }
@@ -179,6 +174,15 @@ class BucketedSync final : public GradSync {
 };
 
 }  // namespace
+
+SyncTimes sync_times(Clock::time_point first_launch, Clock::time_point backward_end,
+                     Clock::time_point done) {
+  const auto start = first_launch == Clock::time_point{} ? backward_end : first_launch;
+  SyncTimes t;
+  t.total = std::chrono::duration<double>(done - start).count();
+  t.exposed = std::chrono::duration<double>(done - backward_end).count();
+  return t;
+}
 
 std::unique_ptr<GradSync> make_no_sync() { return std::make_unique<NoSync>(); }
 

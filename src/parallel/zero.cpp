@@ -211,12 +211,7 @@ SyncTimes ShardedAdamW::finish_step() {
   if (!synced_) return {};
   synced_ = false;
   for (auto& w : reduce_works_) w->synchronize();
-  const auto done = Clock::now();
-  const auto start = first_launch_ == Clock::time_point{} ? backward_end_ : first_launch_;
-  SyncTimes t;
-  t.total = std::chrono::duration<double>(done - start).count();
-  t.exposed = std::chrono::duration<double>(done - backward_end_).count();
-  return t;
+  return sync_times(first_launch_, backward_end_, Clock::now());
 }
 
 std::unique_ptr<compat::FusedAdamW> ShardedAdamW::full_state() {

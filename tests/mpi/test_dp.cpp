@@ -20,6 +20,8 @@
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/grad_sync.h"
 #include "gpt2p/parallel/run_context.h"
+#include "support/small_model.h"
+#include "support/synthetic_split.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -32,30 +34,11 @@ constexpr double kFp32Tol = 1e-5;
 constexpr double kBf16Tol = 2e-2;  // bf16 keeps 8 mantissa bits: ~4e-3 relative per rounding
 
 model::GPT2Config small_config() {
-  auto c = model::preset("tiny");
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.dropout = 0.0;
-  c.n_ctx = kSeqLen;
-  return c;  // vocab 50260: the special tokens are real ids
+  // The tiny preset's vocabulary (50260): the special tokens are real ids.
+  return gpt2p::testing::small_model(2, model::preset("tiny").vocab_size, 32, 2, kSeqLen);
 }
 
-// kGlobalBatch examples with random ids and lengths that differ by index (some are cut at
-// kSeqLen), the same on every rank.
-data::Split synthetic_split() {
-  std::mt19937_64 gen(1234);
-  std::uniform_int_distribution<int32_t> token(0, 50256);
-  data::Split s;
-  for (int64_t i = 0; i < kGlobalBatch; ++i) {
-    std::vector<int32_t> src(static_cast<size_t>(1 + i % 4));
-    std::vector<int32_t> tgt(static_cast<size_t>(1 + (i * 5) % 13));
-    for (auto& t : src) t = token(gen);
-    for (auto& t : tgt) t = token(gen);
-    s.add(src, tgt, "de " + std::to_string(i), "en " + std::to_string(i));
-  }
-  return s;
-}
+data::Split synthetic_split() { return gpt2p::testing::synthetic_split(kGlobalBatch, 1234); }
 
 struct StepResult {
   std::vector<torch::Tensor> grads;   // after the sync, before the optimizer step

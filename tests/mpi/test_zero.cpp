@@ -23,6 +23,8 @@
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/trainer.h"
 #include "gpt2p/parallel/zero.h"
+#include "support/small_model.h"
+#include "support/synthetic_split.h"
 #include "support/trainer_fixture.h"
 
 namespace gpt2p::parallel {
@@ -33,28 +35,11 @@ constexpr int64_t kGlobalBatch = 12;  // divides over 2, 3 and 4 ranks
 constexpr int kSteps = 3;
 
 model::GPT2Config small_config() {
-  auto c = model::preset("tiny");
-  c.n_layer = 2;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.dropout = 0.0;
-  c.n_ctx = kSeqLen;
-  return c;
+  // The tiny preset's vocabulary (50260): the special tokens are real ids.
+  return gpt2p::testing::small_model(2, model::preset("tiny").vocab_size, 32, 2, kSeqLen);
 }
 
-data::Split synthetic_split() {
-  std::mt19937_64 gen(4321);
-  std::uniform_int_distribution<int32_t> token(0, 50256);
-  data::Split s;
-  for (int64_t i = 0; i < kGlobalBatch; ++i) {
-    std::vector<int32_t> src(static_cast<size_t>(1 + i % 4));
-    std::vector<int32_t> tgt(static_cast<size_t>(2 + (i * 5) % 11));
-    for (auto& t : src) t = token(gen);
-    for (auto& t : tgt) t = token(gen);
-    s.add(src, tgt, "de", "en");
-  }
-  return s;
-}
+data::Split synthetic_split() { return gpt2p::testing::synthetic_split(kGlobalBatch, 4321); }
 
 struct Spec {
   bool zero = true;

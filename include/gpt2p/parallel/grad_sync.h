@@ -26,6 +26,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,12 @@ struct SyncTimes {
   double total = 0;    // seconds the reductions took, overlapped or not
   double exposed = 0;  // seconds end_backward() held the step beyond backward
 };
+
+// A step's reduction times, measured on the host up to `done`: total from the first launch (or
+// from backward's end when nothing was launched before it), exposed from backward's end.
+SyncTimes sync_times(std::chrono::steady_clock::time_point first_launch,
+                     std::chrono::steady_clock::time_point backward_end,
+                     std::chrono::steady_clock::time_point done);
 
 class GradSync {
  public:
