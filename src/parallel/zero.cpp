@@ -68,19 +68,6 @@ ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, comm::Communicator
   }
 }
 
-ShardedAdamW::~ShardedAdamW() {
-  // Nothing may be left writing into the parameters or the shards.
-  try {
-    for (auto& w : reduce_works_) {
-      if (w) w->synchronize();
-    }
-    for (auto& w : gather_works_) {
-      if (w) w->synchronize();
-    }
-  } catch (...) {  // NOLINT(bugprone-empty-catch): unwinding after an error; the job is ending
-  }
-}
-
 torch::Tensor ShardedAdamW::shard(const torch::Tensor& flat, size_t b) const {
   const int64_t n = buckets_->buckets()[b].numel / comm_.size();
   return flat.narrow(0, comm_.rank() * n, n);

@@ -52,7 +52,6 @@ class ShardedAdamW {
   // `params` (a model's, on one device, float32) are re-pointed into the flat buffers with their
   // values kept; call it after the replicas were made equal (every rank passes the same values).
   ShardedAdamW(std::vector<torch::Tensor> params, comm::Communicator& comm, ZeroOptions options);
-  ~ShardedAdamW();
   ShardedAdamW(const ShardedAdamW&) = delete;
   ShardedAdamW& operator=(const ShardedAdamW&) = delete;
 
@@ -104,6 +103,8 @@ class ShardedAdamW {
   std::vector<torch::Tensor> shard_params_; // per bucket: this rank's slice of param_flat_
   std::vector<torch::Tensor> shard_grads_;  // per bucket: reduce-scatter results (travel dtype)
   std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers_;  // per bucket, one shard each
+  // Declared after the buffers they write: destroyed first, each Work waits for its operation
+  // (or, when an error unwinds, abandons it without waiting: communicator.h).
   std::vector<comm::WorkPtr> reduce_works_, gather_works_;
   std::vector<torch::Tensor> gather_inputs_;
   std::unique_ptr<LookupGrads> lookups_;
