@@ -53,9 +53,9 @@ std::string error_message(const std::string& what) {
   }
   while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
   if (m.find("out of memory") != std::string::npos && m.find(" -- fix: ") == std::string::npos) {
-    m += " -- fix: lower --batch-size or --seq-len (or raise --grad-accum / --microbatches), or "
-         "trade memory for time: --recompute blocks, --zero 1 with data parallelism, more "
-         "pipeline stages; pp_plan predicts each rank's peak";
+    m += " -- fix: use less memory per rank: a smaller --batch-size or --seq-len, or in the "
+         "trainers more --grad-accum steps or --microbatches, --recompute blocks, --zero 1 "
+         "(data parallel), more pipeline stages; pp_plan predicts each rank's peak";
   }
   return m;
 }

@@ -48,30 +48,48 @@ void ReplicaGradSync::finish() {
 }
 
 void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm) {
+  if (comm.size() == 1) return;
+  std::vector<torch::Tensor> parts;
+  for (const auto& m : stages) {
+    auto w = m->tied_parameter();
+    if (!w.defined() || (!m->has_embedding() && !m->has_head())) {
+      parts.emplace_back();
+      continue;
+    }
+    GPT2P_CHECK(w.grad().defined(),
+                "stage on rank " << comm.rank() << " has no gradient for the tied wte weight",
+                "run the step's backward before sync_tied_gradient()");
+    parts.push_back(w.mutable_grad());
+  }
+  sync_tied_gradient(stages, comm, parts);
+}
+
+void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicator& comm,
+                        const std::vector<torch::Tensor>& parts) {
   const int n = comm.size();
   if (n == 1) return;
   const model::GPT2Impl* holder = nullptr;  // this rank's stage with the embedding or the head
-  for (const auto& m : stages) {
+  torch::Tensor mine;
+  for (size_t c = 0; c < stages.size(); ++c) {
+    const auto& m = stages[c];
     if (!m->has_embedding() && !m->has_head()) continue;
     GPT2P_CHECK(holder == nullptr && !m->is_full(),
                 "rank " << comm.rank() << " holds both ends of the model but the pipeline has " << n
                         << " ranks",
                 "put the first and the last stage on different ranks");
     holder = m.get();
+    mine = parts.at(c);
   }
   if (holder == nullptr) return;
-  auto w = holder->tied_parameter();
-  GPT2P_CHECK(w.defined() && w.grad().defined(),
-              "stage on rank " << comm.rank() << " has no gradient for the tied wte weight",
-              "run the step's backward before sync_tied_gradient()");
+  GPT2P_CHECK(mine.defined(), "stage on rank " << comm.rank() << " has no tied gradient part",
+              "this is a bug: pass the part of every stage with the embedding or the head");
   const int peer = holder->has_embedding() ? n - 1 : 0;
-  auto mine = w.grad();
   auto other = torch::empty_like(mine);
   // Both directions at once (one NCCL group: each link carries one copy, in parallel).
   std::vector<comm::P2POp> ops{{comm::P2POp::Kind::kSend, mine, peer},
                                {comm::P2POp::Kind::kRecv, other, peer}};
   for (auto& work : comm.batch_isend_irecv(ops)) work->wait();
-  w.mutable_grad().add_(other);  // a + b == b + a bit for bit: both copies stay identical
+  mine.add_(other);  // a + b == b + a bit for bit: both copies stay identical
 }
 
 double clip_grad_norm_pipeline(const std::vector<model::GPT2>& stages, comm::Communicator* comm,

@@ -151,10 +151,17 @@ class PipelineStep final : public StepStrategy {
       if (replica_sum_ != nullptr) replica_sum_->finish();
       parallel::sync_tied_gradient(models_, *ctx_.comm);
     } else {
-      // The tied weight's halves first, so that the first and the last stage reduce-scatter the
-      // same bits; then each stage's shards over its replicas.
-      parallel::sync_tied_gradient(models_, *ctx_.comm);
-      for (auto& z : zero_) z->reduce_now();
+      // Each stage's shards over its replicas, then the tied weight's two halves within each
+      // pipeline, shard to shard: the first and the last stage shard it alike (bucketed alone), so
+      // a + b == b + a keeps their copies identical whatever order the reductions added in.
+      std::vector<torch::Tensor> tied;
+      for (size_t c = 0; c < zero_.size(); ++c) {
+        zero_[c]->reduce_now();
+        const bool ends = models_[c]->has_embedding() || models_[c]->has_head();
+        tied.push_back(ends && !models_[c]->is_full() ? zero_[c]->alone_shard_grad()
+                                                      : torch::Tensor());
+      }
+      parallel::sync_tied_gradient(models_, *ctx_.comm, tied);
     }
     clock_.mark(1);
     if (zero_.empty()) {
@@ -169,8 +176,9 @@ class PipelineStep final : public StepStrategy {
           uncounted.push_back(models_[c]->has_embedding() ? torch::Tensor()
                                                           : models_[c]->tied_parameter());
         }
-        clip_sharded_grad_norm(shards, uncounted, {ctx_.comm.get(), ctx_.dp_comm.get()},
-                               cfg_.grad_clip);
+        // One all-reduce over every rank: each gets the same factor, the two copies of the tied
+        // weight included.
+        clip_sharded_grad_norm(shards, uncounted, {ctx_.control.get()}, cfg_.grad_clip);
       }
       for (auto& z : zero_) z->step();
       for (auto& z : zero_) z->wait_params();

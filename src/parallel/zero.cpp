@@ -258,6 +258,13 @@ void ShardedAdamW::load_state(torch::optim::Optimizer& full) {
   }
 }
 
+torch::Tensor ShardedAdamW::alone_shard_grad() {
+  GPT2P_CHECK(options_.buckets.alone.defined() && shard_params_.front().grad().defined(),
+              "--zero 1: no reduced shard of a parameter bucketed alone",
+              "this is a bug: bucket the tied weight alone and reduce before exchanging it");
+  return shard_params_.front().mutable_grad();
+}
+
 int64_t ShardedAdamW::state_bytes() const {
   int64_t n = 0;
   for (const auto& b : buckets_->buckets()) n += b.numel / comm_.size();
@@ -282,7 +289,14 @@ torch::Tensor clip_sharded_grad_norm(const std::vector<ShardedAdamW*>& shards,
   }
   sq = sq.reshape({1});
   for (auto* c : over) {
-    if (c != nullptr && c->size() > 1) c->all_reduce(sq, comm::ReduceOp::kSum);
+    if (c == nullptr || c->size() == 1) continue;
+    if (c->device() == sq.device()) {
+      c->all_reduce(sq, comm::ReduceOp::kSum);
+    } else {
+      auto there = sq.to(c->device());
+      c->all_reduce(there, comm::ReduceOp::kSum);
+      sq = there.to(sq.device());
+    }
   }
   const auto norm = sq.sqrt().reshape({});
   const auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(torch::kFloat32);

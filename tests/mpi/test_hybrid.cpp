@@ -21,7 +21,10 @@
 #include "gpt2p/parallel/stage_split.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "gpt2p/pipeline/runtime/executor.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/pp_trainer.h"
 #include "support/small_model.h"
+#include "support/trainer_fixture.h"
 
 namespace gpt2p {
 namespace {
@@ -235,6 +238,36 @@ TEST(HybridMpi, MeshIsValidatedWithTheFix) {
   EXPECT_NE(usage([] { parallel::check_mesh_batch(parallel::make_mesh(6, 0, 3), 16, 1); })
                 .find("--batch-size 16 does not split over --dp 3"),
             std::string::npos);
+}
+
+// pp_train --dp D --zero 1 with D = 2, 3 and 4 replicas of a 2-stage pipeline: the first and the
+// last stage keep bitwise-equal copies of the tied weight (their shards are summed after the
+// replicas' reduce-scatters, and every rank clips by the same factor), and the losses equal the
+// unsharded hybrid's.
+class HybridZero : public gpt2p::testing::TrainerTest {};
+
+TEST_F(HybridZero, TiedCopiesStayIdenticalAndLossesEqualTheUnshardedRun) {
+  const int n = comm->size();
+  const auto hybrid = [&](const std::string& out, int zero) {
+    auto c = config(out, 3, /*blocks=*/4);
+    c.dp = n / 2;
+    c.batch_size = 24;  // 12, 8 or 6 rows per replica
+    c.epochs = 3;       // the small dataset holds 2 such batches
+    c.microbatches = 2;
+    c.zero = zero;
+    c.bucket_mb = 0.05;
+    c.save_every = 3;
+    return c;
+  };
+  ASSERT_EQ(parallel::train_pipeline(hybrid("plain", 0), topo), 0);
+  ASSERT_EQ(parallel::train_pipeline(hybrid("zero", 1), topo), 0);
+  expect_same_losses("plain", "zero", 3);
+  const auto first = model::load_model(dir + "/zero/checkpoint/stage0");
+  const auto last = model::load_model(dir + "/zero/checkpoint/stage1");
+  ASSERT_TRUE(first->has_embedding() && last->has_head() && !last->has_embedding());
+  EXPECT_TRUE(torch::equal(first->tied_parameter(), last->tied_parameter()))
+      << "the two copies of wte differ by up to "
+      << (first->tied_parameter() - last->tied_parameter()).abs().max().item<double>();
 }
 
 }  // namespace

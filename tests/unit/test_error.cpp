@@ -94,7 +94,7 @@ TEST(ErrorMessage, TorchsBacktraceIsCutAndOutOfMemoryGetsTheFix) {
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   EXPECT_EQ(m.find("frame #"), std::string::npos) << m;
   EXPECT_THAT(m, ::testing::StartsWith("CUDA out of memory. Tried to allocate 150.00 MiB."));
-  EXPECT_THAT(m, ::testing::HasSubstr("-- fix: lower --batch-size"));
+  EXPECT_THAT(m, ::testing::HasSubstr("-- fix: use less memory per rank: a smaller --batch-size"));
   EXPECT_THAT(m, ::testing::HasSubstr("--recompute blocks"));
   // Our own errors pass unchanged, their fix included.
   EXPECT_EQ(gpt2p::cli::error_message("no such file -- fix: pass --data"),

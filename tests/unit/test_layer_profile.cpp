@@ -288,8 +288,8 @@ TEST(PpPlan, HybridPredictsEverySplitOfTheGpus) {
 
 // --recompute blocks --zero 1 --gpus 4: every D x P row has each rank's peak memory, estimated
 // on the CPU. One rank holding the whole model over D = 4 replicas keeps its 8 bytes of weight
-// and gradient per parameter and a quarter of the moments: at least 10 and below the unsharded
-// 16 bytes per parameter (its activations are a few hundred kB here). Without replicas nothing is
+// and gradient per parameter, 4 of gradient buckets, a quarter of the moments and its shard's
+// reduced gradient (15 in all): at least 10 and below the unsharded 16 bytes per parameter (its activations are a few hundred kB here). Without replicas nothing is
 // sharded: the 4 ranks of D = 1 hold at least 16 bytes per parameter together.
 TEST(PpPlan, HybridPredictsPeakMemoryWithRecomputeAndZeroOne) {
   testing::TempDir dir;

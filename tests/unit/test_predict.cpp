@@ -216,8 +216,9 @@ TEST(PredictMemory, ZeroOneDividesOnlyTheMomentsByTheReplicas) {
     const auto zero = predict_memory(config, kTwoStages, schedule, bytes, {{}, d, true});
     for (size_t r = 0; r < 2; ++r) {
       const double params = stage_parameters(config, kTwoStages[r]);
-      EXPECT_DOUBLE_EQ(plain[r].states, 16 * params);  // replicas alone shard nothing
-      EXPECT_DOUBLE_EQ(zero[r].states, (8 + 8.0 / d) * params);
+      // Replicas alone shard nothing, and add the buckets their gradients are summed in.
+      EXPECT_DOUBLE_EQ(plain[r].states, (d == 1 ? 16 : 20) * params);
+      EXPECT_DOUBLE_EQ(zero[r].states, (d == 1 ? 16 : 12 + 12.0 / d) * params);
       EXPECT_DOUBLE_EQ(zero[r].activations, plain[r].activations);
     }
   }
@@ -304,8 +305,9 @@ Partition split_of(const std::string& text) {
 }
 
 // The same plan with recompute and with ZeRO-1 over 2 replicas: per rank, recompute keeps less
-// (a stage's 6 blocks down to their outputs, plus one whole block), and ZeRO-1 saves half the
-// moments, 4 bytes per parameter of the rank. The measured split is left out of the comparison:
+// (a stage's 6 blocks down to their outputs, plus one whole block); 2 replicas add their gradient
+// buckets (4 bytes per parameter of the rank), and ZeRO-1 over them saves half the moments less
+// the shard's reduced gradient (4 - 2 = 2 bytes per parameter). The measured split is left out of the comparison:
 // a second measurement may cut elsewhere.
 TEST(PredictMemory, ThePlannersRowsWithRecomputeAndZeroOne) {
   // 12 blocks, 32 wide, vocabulary 300: planned in well under a second on the CPU.
@@ -325,11 +327,13 @@ TEST(PredictMemory, ThePlannersRowsWithRecomputeAndZeroOne) {
   const Plan recompute = make_plan(config, spec, c10::kCPU);
   spec.recompute = model::Recompute::kNone;
   spec.replicas = 2;
+  const Plan replicated = make_plan(config, spec, c10::kCPU);
   spec.zero = 1;
   const Plan zero = make_plan(config, spec, c10::kCPU);
   ASSERT_EQ(plain.rows.size(), 6U);  // 3 partitions x (gpipe, 1f1b)
   ASSERT_EQ(recompute.rows.size(), plain.rows.size());
   ASSERT_EQ(zero.rows.size(), plain.rows.size());
+  ASSERT_EQ(replicated.rows.size(), plain.rows.size());
   int compared = 0;
   for (size_t i = 0; i < plain.rows.size(); ++i) {
     const PlanRow &a = plain.rows[i], &b = recompute.rows[i], &z = zero.rows[i];
@@ -345,8 +349,11 @@ TEST(PredictMemory, ThePlannersRowsWithRecomputeAndZeroOne) {
     for (size_t r = 0; r < 2; ++r) {
       EXPECT_GT(a.peak_memory_bytes[r], 16 * stage_parameters(config, split[r]));
       EXPECT_LT(b.peak_memory_bytes[r], a.peak_memory_bytes[r]);
-      EXPECT_NEAR(a.peak_memory_bytes[r] - z.peak_memory_bytes[r],
-                  4 * stage_parameters(config, split[r]), 1e-6 * a.peak_memory_bytes[r]);
+      const double unsharded = replicated.rows[i].peak_memory_bytes[r];
+      EXPECT_NEAR(unsharded - a.peak_memory_bytes[r], 4 * stage_parameters(config, split[r]),
+                  1e-6 * unsharded);  // the replicas' gradient buckets
+      EXPECT_NEAR(unsharded - z.peak_memory_bytes[r], 2 * stage_parameters(config, split[r]),
+                  1e-6 * unsharded);
     }
   }
   EXPECT_EQ(compared, 4);

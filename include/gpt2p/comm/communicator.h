@@ -2,8 +2,9 @@
 // use, with an MPI backend (CPU tensors) and an NCCL backend (CUDA tensors).
 //
 // Contract (same spirit as c10d's ProcessGroupNCCL):
-//  * Collectives (all_reduce, reduce_scatter, broadcast, all_gather, barrier) must be called by every rank of the
-//    communicator in the same order, with tensors of the same dtype and number of elements.
+//  * Collectives (all_reduce, reduce_scatter, broadcast, all_gather, barrier) must be called by
+//    every rank of the communicator in the same order, with tensors of the same dtype and number
+//    of elements.
 //    Point-to-point calls need a matching call on the peer with the same tag, size and dtype.
 //  * MPI backend: every call runs on the calling thread. Blocking calls return when the result is
 //    in place; *_async calls return a Work whose wait() blocks until it is. Its tensors live on

@@ -6,7 +6,7 @@
 //   1. backward fills the buckets (hooks, as bucketed DP does); each bucket is reduce-scattered as
 //      soon as it is complete, overlapping the rest of backward: rank r gets the average (or sum)
 //      of shard r;
-//   2. clipping takes the global norm from every rank's shards (one scalar all-reduce);
+//   2. clipping takes the global norm from every rank's shards (a scalar all-reduce);
 //   3. AdamW (compat::FusedAdamW: torch's own update, one optimizer per bucket's shard) updates
 //      shard r of the parameters, and each bucket's shard is all-gathered back into every rank's
 //      parameters as soon as its update is queued (on a GPU the gathers of early buckets run
@@ -83,6 +83,10 @@ class ShardedAdamW {
   // from a checkpoint). Parameters are not touched.
   void load_state(torch::optim::Optimizer& full);
 
+  // With BucketOptions::alone: this rank's shard of that parameter's reduced gradient (bucket 0
+  // holds it alone, so two optimizers with equal shapes and D shard it alike). After a reduce.
+  torch::Tensor alone_shard_grad();
+
   // Bytes of AdamW state (exp_avg, exp_avg_sq) this rank holds, and what it would unsharded.
   int64_t state_bytes() const;
   int64_t unsharded_state_bytes() const;
@@ -115,8 +119,10 @@ class ShardedAdamW {
 
 // torch's clip_grad_norm_ over sharded gradients: the squared norms of this rank's `shards`
 // (leaving out uncounted[i] in shards[i], where given) summed over each communicator in `over` in
-// turn (together: every rank holding another shard or stage), then every shard gradient scaled by
-// min(1, max_norm / (norm + 1e-6)). Queued on the device; returns the norm as a device tensor.
+// turn (together: every rank holding another shard or stage; one communicator over them all gives
+// every rank the same bits, which ranks holding copies of one weight need), then every shard
+// gradient scaled by min(1, max_norm / (norm + 1e-6)). Queued on the device where `over` is;
+// returns the norm as a tensor on the shards' device.
 torch::Tensor clip_sharded_grad_norm(const std::vector<ShardedAdamW*>& shards,
                                      const std::vector<torch::Tensor>& uncounted,
                                      const std::vector<comm::Communicator*>& over, double max_norm);

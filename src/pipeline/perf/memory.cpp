@@ -51,7 +51,12 @@ ActivationBytes estimate_activation_bytes(const model::GPT2Config& config, int64
 double state_bytes_per_parameter(const MemoryModel& model) {
   GPT2P_CHECK(model.replicas >= 1, "predict_memory: " << model.replicas << " replicas",
               "pass at least one data-parallel replica");
-  return 4.0 + 4.0 + 8.0 / (model.zero1 ? model.replicas : 1);
+  if (model.replicas == 1) return 4.0 + 4.0 + 8.0;
+  // Replicas sum their gradients through a bucket copy of them (grad_buckets.h); ZeRO-1 shards
+  // the moments and keeps its shard's reduced gradient.
+  if (!model.zero1) return 4.0 + 4.0 + 4.0 + 8.0;
+  const double d = model.replicas;
+  return 4.0 + 4.0 + 4.0 + 8.0 / d + 4.0 / d;
 }
 
 double stage_parameters(const model::GPT2Config& config, const LayerRange& stage) {

@@ -1,13 +1,12 @@
 // Predicted peak memory per pipeline rank: what a rank's stages hold for the whole step (weights,
 // gradients, AdamW's moments) plus the activations its schedule keeps alive at its peak.
 //
-//   peak(r) = sum over r's stages s of params(s) x (4 + 4 + 8 / Z)      fp32 weights, gradients,
-//                                                                        exp_avg + exp_avg_sq
+//   peak(r) = sum over r's stages s of params(s) x state_bytes_per_parameter (below: fp32
+//             weights, gradients, exp_avg + exp_avg_sq, and the replicas' gradient buckets)
 //           + max over r's action list of sum over live (s, mb) of kept(s)
 //           + (recompute blocks and r holds a block) one block's kept bytes without recompute
 //
-// Z is the number of data-parallel replicas D with ZeRO-1 (pp_train --zero 1 shards the moments
-// over them), else 1. params(s) counts the stage's layers (model/config.h: layer_parameters) and
+// params(s) counts the stage's layers (model/config.h: layer_parameters) and
 // the head stage's own copy of the tied wte when it does not hold the embedding. kept(s) is what
 // one micro-batch's training forward on stage s keeps for its backward: the sum of its layers'
 // bytes (ActivationBytes below; each layer counts its output, which the next layer or the
@@ -78,7 +77,9 @@ struct MemoryModel {
   bool zero1 = false;  // AdamW's moments sharded over the replicas
 };
 
-// Bytes per parameter a rank holds for the whole step: 4 (weight) + 4 (gradient) + 8 / Z.
+// Bytes per parameter a rank holds for the whole step: 4 (weight) + 4 (gradient) + 8 (moments)
+// on one replica; with D > 1 replicas also 4 for the gradient buckets they are summed in; with
+// ZeRO-1 the moments are 8 / D, plus 4 / D for the shard's reduced gradient.
 double state_bytes_per_parameter(const MemoryModel& model);
 
 // Parameters stage `stage` of the partition holds (with the head stage's own wte, see above).

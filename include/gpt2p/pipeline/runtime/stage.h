@@ -60,8 +60,9 @@ class GptStage : public Stage {
 
   void set_batch(StageBatch batch);
   // Called right before the step's last backward on this stage (the n_microbatches-th, counted
-  // from set_batch): when that backward starts, every earlier micro-batch's gradients are in
-  // .grad, so a data-parallel sum over replicas can start as this one produces each gradient.
+  // from set_batch): when that backward starts, every earlier micro-batch's backward has added
+  // its gradients to .grad (zero bubble's deferred weight gradients excepted: their W's may come
+  // later), so a data-parallel sum over replicas can start as this one produces each gradient.
   void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
   // resets it. Other stages: 0.
