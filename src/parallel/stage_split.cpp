@@ -44,7 +44,8 @@ std::vector<double> measured_layer_costs(comm::Communicator& comm,
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
     const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, bf16,
-                                                     comm.device(), 2, 5, 3, loss_fraction);
+                                                     comm.device(), 2, 5, 3, loss_fraction,
+                                                     /*measure_memory=*/false);
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());
   }
   t = t.to(comm.device());

@@ -98,7 +98,8 @@ double kept_bytes(Part& part, const torch::Device& device) {
 
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup, int reps,
-                               int rounds, double loss_fraction) {
+                               int rounds, double loss_fraction,
+                               bool measure_memory) {
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
               "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
                                                  << ", reps " << reps << ", rounds " << rounds
@@ -108,7 +109,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
               "measure_layer_times: loss fraction " << loss_fraction << " is not in (0, 1]",
               "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
   const int L = static_cast<int>(config.n_layer);
-  const bool count = device.is_cuda();  // the CPU has no allocator statistics
+  const bool count = measure_memory && device.is_cuda();  // the CPU has no allocator statistics
   ActivationBytes kept =
       estimate_activation_bytes(config, micro_rows, seq_len, bf16, loss_fraction);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {

@@ -52,11 +52,13 @@ struct LayerTimes {
 // On CUDA, `activations` are what the allocator holds after one more forward of each part alone
 // (grad on, after the timed iterations, so the gradients exist already) minus what it held
 // before, the part's output included and its input not; the block is counted once as it runs and
-// once built with Recompute::kBlocks. The stage input is its shape in fp32. Elsewhere they are
+// once built with Recompute::kBlocks. The stage input is its shape in fp32. Elsewhere, or with
+// measure_memory false (a trainer that needs only the times), they are
 // estimate_activation_bytes's.
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
-                               int rounds = 3, double loss_fraction = 1.0);
+                               int rounds = 3, double loss_fraction = 1.0,
+                               bool measure_memory = true);
 
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);
