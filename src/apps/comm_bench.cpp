@@ -18,6 +18,8 @@
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/comm/gpu_placement.h"
+#include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 
@@ -234,12 +236,12 @@ std::string now_iso() {
   return buf;
 }
 
-nlohmann::json header(const Communicator& comm, const BenchConfig& c) {
+nlohmann::json header(const Communicator& comm, const BenchConfig& c, bool shared) {
   return {{"program", "comm_bench"},   {"backend", comm.backend_name()},
           {"world_size", comm.size()}, {"host", comm.topology().host},
           {"gpu", gpu_name(comm)},     {"dtype", gpt2p::comm::dtype_name(c.dtype)},
           {"date", now_iso()},         {"iters", c.iters},
-          {"warmup", c.warmup}};
+          {"warmup", c.warmup},        {"ranks_share_gpu", shared}};
 }
 
 void print_header(const nlohmann::json& h) {
@@ -248,6 +250,10 @@ void print_header(const nlohmann::json& h) {
               h["backend"].get<std::string>().c_str(), h["world_size"].get<int>(),
               h["host"].get<std::string>().c_str(),
               h["gpu"].get<std::string>().empty() ? "none" : h["gpu"].get<std::string>().c_str());
+  if (h["ranks_share_gpu"].get<bool>()) {
+    std::printf("# ranks share a GPU: NCCL runs over sockets, MPI through host memory; these are "
+                "functional figures, not the GPU's bandwidth\n");
+  }
   std::printf("# dtype: %s, iters: %d, warmup: %d\n", h["dtype"].get<std::string>().c_str(),
               h["iters"].get<int>(), h["warmup"].get<int>());
   std::printf(
@@ -269,9 +275,18 @@ int run(const gpt2p::Topology& topo, const BenchConfig& c) {
   gpt2p::comm::CommOptions options;
   options.backend = c.backend;
   options.check_sizes = false;  // keep the host-side size check out of the timings
+  bool shared = false;
+  if (c.backend == gpt2p::comm::Backend::kNccl) {
+    // Ranks may share a GPU (comm/gpu_placement.h).
+    const auto gpus = gpt2p::comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()),
+                                                 gpt2p::kDefaultCommTimeout);
+    gpt2p::comm::give_nccl_ranks_own_hosts(gpus, topo.rank);
+    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpus.gpu));
+    shared = gpus.job_shares;
+  }
   auto comm = gpt2p::comm::make_communicator(options);
   const bool printer = topo.rank == 0;
-  nlohmann::json doc = header(*comm, c);
+  nlohmann::json doc = header(*comm, c, shared);
   doc["results"] = nlohmann::json::array();
   if (printer && !c.json) print_header(doc);
   const bool sendrecv = c.sendrecv && comm->size() >= 2;

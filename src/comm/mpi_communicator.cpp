@@ -1,6 +1,5 @@
 #include "gpt2p/comm/mpi_communicator.h"
 
-#include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support (absent macros: not CUDA-aware)
 
 #include <algorithm>
 #include <array>
@@ -8,7 +7,6 @@
 #include <functional>
 #include <utility>
 
-#include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::comm {
@@ -121,7 +119,7 @@ struct Staged {
   std::function<void()> finish;
 };
 
-// `host`: the tensor lives where MPI cannot read it (CUDA memory, MPI not CUDA-aware).
+// `host`: the tensor lives in CUDA memory, which goes through host memory.
 Staged stage_reduce(torch::Tensor& tensor, ReduceOp op, int world, bool host) {
   Staged s;
   bool copy_back = true;
@@ -177,14 +175,6 @@ void check_same_collective(MPI_Comm comm, const char* op, int64_t numel, torch::
               hint);
 }
 
-bool mpi_cuda_aware() {
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;
-#else
-  return false;
-#endif
-}
-
 }  // namespace detail
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, MpiOptions options)
@@ -205,17 +195,14 @@ MpiCommunicator::MpiCommunicator(Dup dup, MpiOptions options)
       options_.max_chunk_elements > 0 && options_.max_chunk_elements <= INT32_MAX,
       "MpiOptions::max_chunk_elements = " << options_.max_chunk_elements << " is outside [1, 2^31)",
       "leave it at its default (2^30)");
-  device_memory_ = options_.device.is_cuda() && detail::mpi_cuda_aware();
 }
 
 torch::Tensor MpiCommunicator::wire_buffer(const torch::Tensor& t, bool fill) const {
-  if (t.is_cuda() && !device_memory_) {
+  if (t.is_cuda()) {
     // to(kCPU) waits for the current stream's work on t; a receive buffer needs no values.
     return fill ? t.to(torch::kCPU).contiguous() : torch::empty(t.sizes(), t.options().device(torch::kCPU));
   }
-  torch::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
-  if (t.is_cuda()) compat::synchronize(t.device());  // MPI reads device memory outside any stream
-  return buffer;
+  return t.is_contiguous() ? t : t.contiguous();
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int count, const char* op, int peer) const {
@@ -251,8 +238,7 @@ void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 WorkPtr MpiCommunicator::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce_async");
   check_reduce(tensor, op, "all_reduce_async");
-  Staged s = stage_reduce(tensor, op, size(), tensor.is_cuda() && !device_memory_);
-  if (tensor.is_cuda() && device_memory_) compat::synchronize(tensor.device());
+  Staged s = stage_reduce(tensor, op, size(), tensor.is_cuda());
   const MPI_Datatype type = wire_type(s.buffer.scalar_type());
   std::vector<MPI_Request> requests;
   for_chunks(s.buffer.numel(), options_.max_chunk_elements, [&](int64_t offset, int count) {
@@ -356,14 +342,12 @@ WorkPtr MpiCommunicator::reduce_scatter_async(const torch::Tensor& input, torch:
   check_tensor(input, "reduce_scatter");
   check_reduce(input, op, "reduce_scatter");
   check_scatter_output(input, output);
-  // bfloat16 is summed in float32 (as all_reduce does); CUDA memory goes through the host unless
-  // MPI reads it itself.
+  // bfloat16 is summed in float32 (as all_reduce does); CUDA memory goes through the host.
   const auto wire =
       input.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : input.scalar_type();
-  const bool host = input.is_cuda() && !device_memory_;
+  const bool host = input.is_cuda();
   const auto where = host ? torch::Device(torch::kCPU) : input.device();
   const torch::Tensor in = input.to(input.options().device(where).dtype(wire)).contiguous();
-  if (input.is_cuda() && device_memory_) compat::synchronize(input.device());
   const bool direct = !host && output.scalar_type() == wire;
   torch::Tensor out = direct ? output : torch::empty({output.numel()}, in.options());
   const int64_t n = output.numel();

@@ -211,6 +211,13 @@ class PipelineStep final : public StepStrategy {
   }
 
   EpochEval evaluate(int64_t epoch) override {
+    // The replicas' summed gradients keep each stage bitwise equal across them, as in dp_train.
+    if (ctx_.dp_comm) {
+      for (auto& model : models_) {
+        check_replicas(model, *ctx_.dp_comm, "at the end of epoch " + std::to_string(epoch + 1),
+                       "the pipeline's replicas diverged: report the run with its flags");
+      }
+    }
     const auto val = pipeline_validation_loss(models_, *ctx_.comm,
                                               data_.dataset().split("validation"),
                                               cfg_.max_eval_pairs, data_.local_batch() / m_,

@@ -12,6 +12,7 @@
 #include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
 
+#include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/compat/attention.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/profiler.h"
@@ -53,45 +54,36 @@ void check_output(const parallel::TrainConfig& cfg) {
   }
 }
 
-// Where this rank computes and how the ranks talk. --device cuda: NCCL when every rank of every
-// node has a GPU of its own; ranks that share GPUs use MPI through host memory (--comm auto), or
-// are refused (--comm nccl) before NCCL could hang or fail on a duplicate GPU.
+// Where this rank computes and how the ranks talk. --device cuda: NCCL (--comm auto or nccl),
+// also for ranks that share a GPU (comm/gpu_placement.h: NCCL over sockets, which is faster than
+// MPI through host memory: README), or MPI (--comm mpi).
 struct Placement {
   torch::Device device{torch::kCPU};
   comm::Backend backend = comm::Backend::kMpi;
-  bool shared_gpus = false;
+  comm::GpuPlacement gpus;
 };
 
 Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
                      std::chrono::milliseconds timeout) {
   const bool gpu = cfg.device == parallel::DeviceKind::kCuda;
-  const int gpus = gpu ? static_cast<int>(torch::cuda::device_count()) : 0;
-  int own = !gpu || topo.local_size <= gpus ? 1 : 0;  // every rank of this node has its own GPU
-  allreduce_ints(&own, 1, MPI_MIN, MPI_COMM_WORLD, timeout, "placing the ranks on GPUs");
-  Placement p;
   cli::on_every_rank(
       [&] {
-        if (!gpu) {
-          if (cfg.comm == comm::Backend::kNccl) {
-            throw cli::UsageError("--comm nccl needs --device cuda -- fix: use --comm auto or mpi");
-          }
-          return;
+        if (!gpu && cfg.comm == comm::Backend::kNccl) {
+          throw cli::UsageError("--comm nccl needs --device cuda -- fix: use --comm auto or mpi");
         }
-        if (cfg.comm == comm::Backend::kNccl && topo.local_size > gpus) {
-          throw cli::UsageError(
-              "--comm nccl: " + std::to_string(topo.local_size) + " ranks on " + topo.host +
-              " share " + std::to_string(gpus) +
-              " GPU(s), and NCCL needs one GPU per rank -- fix: start at most " +
-              std::to_string(gpus) + " ranks per node, or use --comm auto (MPI for ranks that "
-              "share a GPU)");
+        if (gpu && torch::cuda::device_count() < 1) {
+          throw cli::UsageError("--device cuda: no GPU is visible on " + topo.host +
+                                " -- fix: check CUDA_VISIBLE_DEVICES and nvidia-smi, or use "
+                                "--device cpu");
         }
       },
       timeout);
+  Placement p;
   if (!gpu) return p;
-  p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % gpus));
-  p.shared_gpus = own == 0;
-  p.backend = cfg.comm == comm::Backend::kMpi || p.shared_gpus ? comm::Backend::kMpi
-                                                                 : comm::Backend::kNccl;
+  p.gpus = comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()), timeout);
+  p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.gpus.gpu));
+  p.backend = cfg.comm == comm::Backend::kMpi ? comm::Backend::kMpi : comm::Backend::kNccl;
+  if (p.backend == comm::Backend::kNccl) comm::give_nccl_ranks_own_hosts(p.gpus, topo.rank);
   return p;
 }
 
@@ -119,19 +111,28 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   RunContext ctx{std::move(cfg), topo,    mesh,    torch::Device(torch::kCPU),
                  nullptr,        nullptr, nullptr, nullptr,
                  nullptr,        nullptr, std::move(*tokenizer), special, {},
-                 model::Kernels::kReference, {}, 0.0};
+                 model::Kernels::kReference, {}, 0.0, "comm mpi"};
   comm::CommOptions copts;
   copts.timeout = timeout;
   copts.backend = placement.backend;
   ctx.device = placement.device;
+  ctx.comm_description = "comm " + name_string(placement.backend);
+  if (placement.gpus.job_shares) {
+    ctx.comm_description +=
+        placement.backend == comm::Backend::kNccl
+            ? " over sockets (ranks share GPUs: timings are functional, not speed figures)"
+            : " through host memory (ranks share GPUs: timings are functional, not speed figures)";
+  }
   if (ctx.device.is_cuda()) {
     compat::set_current_device(ctx.device);
     copts.device = ctx.device;
-    if (placement.shared_gpus && topo.rank == 0) {
-      std::fprintf(stderr,
-                   "warning: ranks share GPUs (%d on %s): they talk over MPI through host memory, "
-                   "so timings are not meaningful; use one rank per GPU to measure\n",
-                   topo.local_size, topo.host.c_str());
+    if (placement.gpus.host_shares && placement.gpus.lowest_on_host) {
+      std::fprintf(stderr, "note: %s: %s, so timings are functional, not speed figures; start one "
+                   "rank per GPU to measure speed\n",
+                   comm::describe_sharing(placement.gpus, topo.host).c_str(),
+                   placement.backend == comm::Backend::kNccl
+                       ? "NCCL connects them over sockets, each rank a host of its own"
+                       : "they talk over MPI through host memory");
     }
   } else {
     // Ranks sharing a node share its cores.
@@ -181,7 +182,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
 }
 
 std::string RunContext::describe_kernels() const {
-  return "kernels " + name_string(kernels) + ", attention " + attention;
+  return comm_description + ", kernels " + name_string(kernels) + ", attention " + attention;
 }
 
 void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data) {
@@ -263,6 +264,8 @@ io::RunIdentity run_identity(const RunContext& ctx, const char* program) {
   auto j = parallel::to_json(ctx.cfg);
   j["model"] = model::to_json(ctx.model_config);
   j["world_size"] = ctx.topo.size;
+  j["comm_backend"] = ctx.comm ? ctx.comm->backend_name() : "none";
+  j["comm_description"] = ctx.comm_description;
   id.config_json = j.dump();
   id.host = ctx.topo.host;
   id.device = ctx.device.str();

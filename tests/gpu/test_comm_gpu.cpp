@@ -1,10 +1,17 @@
-// The NCCL backend at 2 ranks, one GPU each: the same operations as tests/mpi/test_comm.cpp on CUDA
-// tensors, compared with the MPI backend's results on the same data.
+// The NCCL backend at 2 and 4 ranks: the same operations as tests/mpi/test_comm.cpp on CUDA
+// tensors, compared with the MPI backend's results on the same data. With a GPU per rank NCCL
+// uses its intra-node transports; where the ranks share a GPU each rank is a host of its own to
+// NCCL, connected over sockets (comm/gpu_placement.h): the inter-node code path.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/core/error.h"
 #include "support/errors.h"
 
@@ -32,19 +39,25 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want) {
   EXPECT_TRUE(torch::equal(g, want)) << "got\n" << g << "\nwant\n" << want;
 }
 
-// NCCL needs a GPU per rank (ranks sharing GPUs use the MPI backend: test_pp_gpu and
-// test_trainers_gpu run that). Every rank sees the same counts, so all skip together.
-bool gpu_per_rank() {
-  return query_topology(MPI_COMM_WORLD).local_size <= static_cast<int>(torch::cuda::device_count());
+// The NCCL options as the trainers set them (run_context.cpp): the rank's GPU, and NCCL host ids
+// of their own where ranks share one. Collective over the job.
+CommOptions nccl_options(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000)) {
+  const Topology world = query_topology(MPI_COMM_WORLD);
+  const GpuPlacement gpus =
+      place_on_gpus(world, static_cast<int>(torch::cuda::device_count()), timeout);
+  give_nccl_ranks_own_hosts(gpus, world.rank);
+  CommOptions options;
+  options.backend = Backend::kNccl;
+  options.timeout = timeout;
+  options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpus.gpu));
+  return options;
 }
 
 class NcclTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!gpu_per_rank()) GTEST_SKIP() << "NCCL needs a GPU per rank";
-    CommOptions options;
-    options.backend = Backend::kNccl;
-    nccl = make_communicator(options);
+    if (torch::cuda::device_count() < 1) GTEST_SKIP() << "needs a GPU";
+    nccl = make_communicator(nccl_options());
     mpi = make_mpi_communicator();
     rank = nccl->rank();
     world = nccl->size();
@@ -59,7 +72,14 @@ class NcclTest : public ::testing::Test {
 
 TEST_F(NcclTest, DeviceIsTheLocalRanksGpu) {
   EXPECT_EQ(nccl->backend_name(), "nccl");
-  EXPECT_EQ(nccl->device(), torch::Device(torch::kCUDA, nccl->local_rank()));
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  EXPECT_EQ(nccl->device(), torch::Device(torch::kCUDA, nccl->local_rank() % gpus));
+  if (nccl->topology().local_size > gpus) {
+    // Each rank told NCCL it is a host of its own.
+    const char* id = std::getenv("NCCL_HOSTID");
+    ASSERT_NE(id, nullptr);
+    EXPECT_THAT(std::string(id), ::testing::EndsWith("/rank" + std::to_string(nccl->rank())));
+  }
 }
 
 TEST_F(NcclTest, AllReduceMatchesMpiEveryDtype) {
@@ -217,11 +237,8 @@ TEST_F(NcclTest, ErrorsNameDeviceDtypeAndPeer) {
 // Last: rank 0 starts an all_reduce nobody joins; synchronize() must give up after the timeout,
 // abort the NCCL communicator and throw instead of hanging.
 TEST(NcclTimeout, SynchronizeAbortsAfterTheTimeout) {
-  if (!gpu_per_rank()) GTEST_SKIP() << "NCCL needs a GPU per rank";
-  CommOptions options;
-  options.backend = Backend::kNccl;
-  options.timeout = std::chrono::milliseconds(1000);
-  auto comm = make_communicator(options);
+  if (torch::cuda::device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  auto comm = make_communicator(nccl_options(std::chrono::milliseconds(1000)));
   if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
   if (comm->rank() == 0) {
     torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(comm->device()));

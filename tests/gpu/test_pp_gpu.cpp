@@ -1,5 +1,5 @@
-// The pipeline on GPUs as pp_train runs it, over NCCL with a GPU per rank, else (ranks sharing one
-// GPU) over MPI through host memory: one communicator per channel (activations,
+// The pipeline on GPUs as pp_train runs it, over NCCL (ranks sharing one GPU: over sockets, each
+// rank a host of its own to NCCL): one communicator per channel (activations,
 // gradients, and the two wrap channels of the interleaved schedule). For GPipe, 1F1B and the
 // interleaved schedule (2 stages per rank), the loss and every parameter's gradient equal the whole
 // model's on the same batch, computed on the same GPU. tests/mpi/test_pp.cpp checks the same on
@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/rng.h"
 #include "gpt2p/parallel/pp_trainer.h"
@@ -36,12 +38,14 @@ class PipelineGpu : public ::testing::Test {
   void SetUp() override {
     const int gpus = static_cast<int>(torch::cuda::device_count());
     if (gpus < 1) GTEST_SKIP() << "needs a GPU";
-    // One GPU per rank: NCCL. Ranks sharing GPUs: the MPI backend on CUDA tensors, as pp_train's
-    // --comm auto picks there.
+    // NCCL, as pp_train's --comm auto picks on GPUs: ranks that share a GPU get NCCL host ids of
+    // their own (comm/gpu_placement.h) and talk over sockets.
     const auto topo = query_topology(MPI_COMM_WORLD);
+    const auto placement = comm::place_on_gpus(topo, gpus, std::chrono::milliseconds(60000));
+    comm::give_nccl_ranks_own_hosts(placement, topo.rank);
     comm::CommOptions options;
-    options.backend = topo.local_size <= gpus ? comm::Backend::kNccl : comm::Backend::kMpi;
-    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % gpus));
+    options.backend = comm::Backend::kNccl;
+    options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(placement.gpu));
     compat::set_current_device(options.device);
     for (auto& c : comms) c = comm::make_communicator(options);
     if (comms[0]->size() < 2) GTEST_SKIP() << "needs 2 ranks";

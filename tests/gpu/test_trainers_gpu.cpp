@@ -1,8 +1,10 @@
 // dp_train's and pp_train's loops on CUDA, as a user with one GPU runs them (mpirun -np 2 on one
-// GPU: --comm auto talks over MPI through host memory; with a GPU per rank, over NCCL). Every
-// rank's losses equal the same run's on CPU ranks over MPI (no TF32: fp32 sums on both), for data
-// parallelism and every pipeline schedule, zero-bubble and interleaved included. That proves the
-// GPU paths (streams, events, fused AdamW) with the ranks that one GPU can hold.
+// GPU: --comm auto talks over NCCL, which connects ranks sharing a GPU over sockets; with a GPU
+// per rank, over its intra-node transports). Every rank's losses equal the same run's on CPU ranks
+// over MPI (no TF32: fp32 sums on both), for data parallelism and every pipeline schedule,
+// zero-bubble and interleaved included. That proves the GPU paths (NCCL, streams, events, fused
+// AdamW) with the ranks that one GPU can hold. test_nccl_agreement_gpu compares NCCL with MPI on
+// the GPU, mode by mode.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -81,7 +83,7 @@ TEST_F(TrainersOnGpu, EveryPipelineScheduleEqualsTheCpuRun) {
 }
 
 // pp_train --dp 2: two replicas of an n/2-rank pipeline (2 x 2 on 4 ranks, 2 x 1 on 2) sharing
-// the GPU over MPI train as the same hybrid does on the CPU (whose equality with one rank on the
+// the GPU over NCCL train as the same hybrid does on the CPU (whose equality with one rank on the
 // whole batch tests/mpi/test_hybrid.cpp checks).
 TEST_F(TrainersOnGpu, HybridLossesEqualTheCpuRun) {
   auto c = config("hybrid", 3, /*blocks=*/8);
@@ -94,7 +96,7 @@ TEST_F(TrainersOnGpu, HybridLossesEqualTheCpuRun) {
 }
 
 // --zero 1 on ranks sharing the GPU: the sharded AdamW (reduce-scatter, fused AdamW on the
-// shards, all-gather, through host memory) trains as on CPU ranks, where tests/mpi/test_zero.cpp
+// shards, all-gather, over NCCL) trains as on CPU ranks, where tests/mpi/test_zero.cpp
 // checks it against the unsharded step and one rank on the whole batch. Data parallel, and the
 // hybrid's replicas (2 x 1 on 2 ranks, 2 x 2 on 4).
 TEST_F(TrainersOnGpu, ZeroLossesEqualTheCpuRun) {

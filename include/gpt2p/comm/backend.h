@@ -7,9 +7,9 @@
 
 namespace gpt2p::comm {
 
-// kMpi: CPU tensors, or CUDA tensors staged through host memory (ranks sharing a GPU); kNccl: CUDA
-// tensors, one GPU per rank, CUDA builds only. kAuto is a request the program resolves (the
-// trainers: NCCL when every rank has a GPU of its own); make_communicator needs kMpi or kNccl.
+// kMpi: CPU tensors, or CUDA tensors staged through host memory; kNccl: CUDA tensors, CUDA builds
+// only (ranks that share a GPU: comm/gpu_placement.h). kAuto is a request the program resolves
+// (the trainers: NCCL on GPUs, MPI on CPUs); make_communicator needs kMpi or kNccl.
 enum class Backend { kAuto, kMpi, kNccl };
 constexpr std::array<Named<Backend>, 3> names(Backend) {
   return {{{Backend::kAuto, "auto"}, {Backend::kMpi, "mpi"}, {Backend::kNccl, "nccl"}}};

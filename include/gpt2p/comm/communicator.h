@@ -8,9 +8,9 @@
 //    Point-to-point calls need a matching call on the peer with the same tag, size and dtype.
 //  * MPI backend: every call runs on the calling thread. Blocking calls return when the result is
 //    in place; *_async calls return a Work whose wait() blocks until it is. Its tensors live on
-//    the CPU or, where ranks share a GPU (NCCL refuses that), on the rank's GPU: then every call
-//    first waits for the work queued on torch's current stream (the copy to host memory does,
-//    unless MPI reports CUDA support), and the result is back in the caller's tensor when the
+//    the CPU or (--comm mpi on GPUs) on the rank's GPU: then every call first waits for the work
+//    queued on torch's current stream (the copy to host memory does), and the result is back in
+//    the caller's tensor when the
 //    blocking call or wait() returns. Every wait is polled against the timeout, past which it
 //    throws naming the operation and the peer: a stopped or stuck peer fails the job.
 //  * NCCL backend: every call is enqueued on the communicator's own CUDA stream, which first waits

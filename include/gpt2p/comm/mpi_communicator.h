@@ -1,10 +1,10 @@
 // The MPI backend of the Communicator: tensors over a duplicate of an MPI communicator.
 //
-// CPU tensors go to MPI as they are. CUDA tensors (ranks that share a GPU, where NCCL refuses to
-// run, and --comm mpi) go through host memory, or straight to MPI when the library reports CUDA
-// support (MPIX_Query_cuda_support). Either way a call first waits for the work queued on torch's
-// current stream (a device-to-host copy, or a stream synchronisation), and results are in the
-// caller's tensor, copied back on the current stream, when a blocking call or wait() returns.
+// CPU tensors go to MPI as they are. CUDA tensors (--comm mpi on GPUs) always go through host
+// memory, also where MPI is CUDA-aware: a call first copies to the host, which waits for the work
+// queued on torch's current stream, and results are in the caller's tensor, copied back on the
+// current stream, when a blocking call or wait() returns. (Handing device pointers to a CUDA-aware
+// MPI would skip the copies; that path was never run, so it is not offered.)
 //
 // Every wait is polled against `timeout` (mpi_wait.h): a stuck or dead peer throws, naming the
 // operation and its peer, instead of hanging.
@@ -67,14 +67,13 @@ class MpiCommunicator final : public Communicator {
   };
   MpiCommunicator(Dup dup, MpiOptions options);
   void check_tag(int tag, const char* op) const;
-  // The tensor MPI reads/writes for `t`: t itself (CPU, contiguous) or a contiguous copy, on the
-  // host unless MPI takes device memory. `fill`: copy t's values (false: a receive buffer).
+  // The tensor MPI reads/writes for `t`: t itself (CPU, contiguous) or a contiguous copy on the
+  // host. `fill`: copy t's values (false: a receive buffer).
   torch::Tensor wire_buffer(const torch::Tensor& t, bool fill) const;
   void wait(MPI_Request* requests, int count, const char* op, int peer) const;
 
   MPI_Comm comm_;
   MpiOptions options_;
-  bool device_memory_ = false;  // MPI reads and writes CUDA memory itself
 };
 
 namespace detail {
@@ -85,9 +84,6 @@ namespace detail {
 void check_same_collective(MPI_Comm comm, const char* op, int64_t numel, torch::ScalarType dtype,
                            int64_t extra, const char* extra_name,
                            std::chrono::milliseconds timeout = kDefaultCommTimeout);
-
-// True when this MPI library moves CUDA memory itself (Open MPI's MPIX_Query_cuda_support).
-bool mpi_cuda_aware();
 
 }  // namespace detail
 }  // namespace gpt2p::comm

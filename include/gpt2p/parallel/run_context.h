@@ -29,7 +29,8 @@ struct RunContext {
   // world x 1.
   Mesh mesh;
   torch::Device device{torch::kCPU};
-  // NCCL on cuda with one GPU per rank; MPI on cpu and for ranks that share GPUs (--comm).
+  // NCCL on cuda (also for ranks that share a GPU: comm/gpu_placement.h), MPI on cpu and with
+  // --comm mpi.
   // pp_train: the ranks of this rank's pipeline (the whole world when --dp is 1).
   std::unique_ptr<comm::Communicator> comm;
   // pp_train with --dp > 1: the ranks holding this rank's stages in every replica (one per
@@ -61,7 +62,9 @@ struct RunContext {
   model::Kernels kernels = model::Kernels::kReference;
   std::string attention;
   double peak_flops = 0;
-  // "kernels fused, attention flash": for the start-up line.
+  // "comm nccl", or "comm nccl over sockets (ranks share GPUs: ...)": what moves the tensors.
+  std::string comm_description = "comm mpi";
+  // "comm nccl, kernels fused, attention flash": for the start-up line.
   std::string describe_kernels() const;
 };
 
