@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from analysis import metrics, plots, summary, timeline
-from analysis.reader import Run, RunError, find_runs, read_run, warn
+from analysis.reader import Run, RunError, find_runs, read_run, shared_gpu_note, warn
 
 EXIT_BELOW_THRESHOLD = 2
 
@@ -68,6 +68,9 @@ def cmd_summarize(args) -> int:
         rows.append({"name": name, **s})
     summary.write_json(out / "summary.json", {"runs": rows})
     plots.loss_plot(runs, out / "loss_curves.png")
+    note = shared_gpu_note(runs)
+    if note:
+        print(f"note: {note} (runs: {', '.join(r['name'] for r in rows if r.get('ranks_share_gpu'))})")
     print(f"wrote {out}/summary.json and per-run metrics.json + plots under {out}/")
     return 0
 
@@ -92,6 +95,8 @@ def cmd_hw5(args) -> int:
     summary.write_json(out / "hw5_details.json", details)
     plots.hw5_plots(s, out, {"dp_multi": runs["dp_multi"], "pp_pipeline": runs["pp_pipeline"]})
     print(f"# HW5 summary (warm-up epochs dropped: {s['config']['warmup_epochs_dropped']})")
+    if s.get("ranks_share_gpu"):
+        print(f"# note: {s['note']}")
     print(f"# {'section':<18} {'run':<18} {'time/epoch s':>18} {'tok/s':>22}")
     for sec, keys in (("data_parallel", ("single_gpu", "two_gpu")),
                       ("pipeline_parallel", ("model_parallel", "pipeline_parallel"))):
@@ -131,6 +136,9 @@ def cmd_sweep(args) -> int:
         pt = {"run": str(run.path), "program": run.program, "world_size": run.world_size,
               "tok_mean": p["tok_mean"], "tok_std": p["tok_std"], "time_mean": p["time_mean"],
               "time_std": p["time_std"]}
+        note = shared_gpu_note([run])
+        if note:
+            pt.update(ranks_share_gpu=True, note=note)
         if run.is_pipeline:
             c = run.config
             pt.update(mode=c.get("mode", "pipeline"), schedule=run.schedule,
@@ -162,9 +170,11 @@ def cmd_sweep(args) -> int:
                                             "predicted": predicted or []})
     made = []
     if world_pts:
-        made.append(plots.world_size_plot(world_pts, out / "throughput_vs_world_size.png"))
+        made.append(plots.world_size_plot(world_pts, out / "throughput_vs_world_size.png",
+                                          note=shared_gpu_note([r for r in runs if not r.is_pipeline])))
     if [p for p in m_pts if p["mode"] != "model_parallel"]:
-        made.append(plots.microbatch_plot(m_pts, out / "throughput_vs_microbatches.png", predicted))
+        made.append(plots.microbatch_plot(m_pts, out / "throughput_vs_microbatches.png", predicted,
+                                          note=shared_gpu_note(pipe_runs)))
     print(f"wrote {out}/sweep.json" + "".join(f", {p}" for p in made))
     return 0
 

@@ -1,9 +1,13 @@
 """matplotlib (Agg) figures: HW5's four bar charts, step-time breakdown, loss curves, and the
-sweeps (throughput vs world size, vs micro-batches M with the ideal M/(M+n-1) curve)."""
+sweeps (throughput vs world size, vs micro-batches M with the ideal M/(M+n-1) curve).
+
+A figure made from a run whose ranks shared a GPU (reader.shared_gpu_note) says so in its title:
+"2 ranks shared one GPU: timings are functional, not speed figures"."""
 
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -16,7 +20,7 @@ from matplotlib.ticker import FuncFormatter, ScalarFormatter  # noqa: E402
 
 from analysis import metrics  # noqa: E402
 from analysis import numbers as fmt  # noqa: E402
-from analysis.reader import Run  # noqa: E402
+from analysis.reader import Run, shared_gpu_note  # noqa: E402
 
 PHASE_COLORS = {"data": "#9e9e9e", "forward": "#4c72b0", "backward": "#dd8452",
                 "sync_exposed": "#c44e52", "optimizer": "#55a868", "other": "#d9d9d9"}
@@ -47,6 +51,26 @@ def plain_axis(axis) -> None:
     axis.set_major_formatter(f)
 
 
+def titled(title: str, note: Optional[str], width_in: float, fontsize: float = 11) -> str:
+    """`title`, then the shared-GPU `note` (if any) on lines of its own that fit a figure
+    `width_in` inches wide: split after its ": " (and "; ") when it is longer than a line."""
+    if not note:
+        return title
+    chars = max(20, int(width_in * 72 / (0.6 * fontsize)))  # about 0.6 em per character
+    lines = [note] if len(note) <= chars else note.replace("; ", ";\n").replace(": ", ":\n").split("\n")
+    return title + "\n" + "\n".join(textwrap.fill(line, chars) for line in lines)
+
+
+def points_note(points: Sequence[Dict]) -> Optional[str]:
+    """The shared-GPU notes of sweep points (cmd_sweep sets "note" where a run's ranks shared a
+    GPU), one per line; None when none did."""
+    notes = []
+    for p in points:
+        if p.get("ranks_share_gpu") and p.get("note") and p["note"] not in notes:
+            notes.append(p["note"])
+    return "\n".join(notes) or None
+
+
 def _device_word(run: Optional[Run]) -> str:
     if run is None:
         return "GPU"
@@ -54,9 +78,10 @@ def _device_word(run: Optional[Run]) -> str:
     return "GPU" if dev.startswith("cuda") else "CPU rank"
 
 
-def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False):
-    """Bars of mean ± std, each labelled: "107.7k tok/s ± 42" (tokens) or "8.56 s ± 0.0090"."""
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False, shared=None):
+    """Bars of mean ± std, each labelled: "107.7k tok/s ± 42" (tokens) or "8.56 s ± 0.0090".
+    `shared`: the shared-GPU note, added under the title."""
+    fig, ax = plt.subplots(figsize=(5.5, 4.2 + (0.5 if shared else 0)))
     x = np.arange(len(labels))
     colors = ["#4c72b0", "#dd8452"]
     bars = ax.bar(x, means, yerr=stds, capsize=8, color=colors[: len(labels)], width=0.55,
@@ -69,7 +94,7 @@ def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False):
                         xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(x, labels)
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
+    ax.set_title(titled(title + (f"\n{note}" if note else ""), shared, 5.5), fontsize=11)
     ax.set_ylim(0, max([m + (s or 0) for m, s in zip(means, stds) if np.isfinite(m)] + [1e-9]) * 1.25)
     (tokens_axis if tokens else plain_axis)(ax.yaxis)
     ax.grid(axis="y", alpha=0.3)
@@ -78,45 +103,58 @@ def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False):
 
 def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]]) -> List[Path]:
     """HW5's ddp_training_time.png, ddp_tokens_per_second.png, pp_training_time.png,
-    pp_tokens_per_second.png (mean ± population std over the epochs after warm-up)."""
+    pp_tokens_per_second.png (mean ± population std over the epochs after warm-up). A section
+    whose ranks shared a GPU (its "note" in `summary`) says so under each of its titles, and the
+    data-parallel bar names ranks and GPUs: "(2 ranks on 1 GPU)"."""
     out_dir = Path(out_dir)
     made = []
     drop = summary["config"]["warmup_epochs_dropped"]
     dp, pp = summary.get("data_parallel"), summary.get("pipeline_parallel")
     if dp:
-        dev = _device_word(runs.get("dp_multi"))
-        labels = [f"Single {dev}", f"Data Parallel\n({runs['dp_multi'].world_size} {dev}s)"
-                  if runs.get("dp_multi") else "Data Parallel"]
+        multi = runs.get("dp_multi")
+        dev = _device_word(multi)
+        shared = dp.get("note")
+        if multi is not None and multi.shares_gpu:
+            gpus = len({(r.attrs.get("host"), r.attrs.get("device")) for r in multi.ranks})
+            second = f"Data Parallel\n({multi.world_size} ranks on {gpus} GPU{'s' if gpus > 1 else ''})"
+        else:
+            second = f"Data Parallel\n({multi.world_size} {dev}s)" if multi else "Data Parallel"
+        labels = [f"Single {dev}", second]
         a, b = dp["single_gpu"], dp["two_gpu"]
         made.append(_bars(out_dir / "ddp_training_time.png", "Data parallel: training time per epoch",
                           "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
                           [a["time_std"], b["time_std"]],
-                          f"{fmt.ratio(dp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}"))
+                          f"{fmt.ratio(dp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}",
+                          shared=shared))
         made.append(_bars(out_dir / "ddp_tokens_per_second.png", "Data parallel: throughput",
                           "tokens per second (all ranks)", labels, [a["tok_mean"], b["tok_mean"]],
                           [a["tok_std"], b["tok_std"]],
                           f"{fmt.ratio(dp['speedup_throughput_x'], 2)} throughput, warm-up epochs dropped: {drop}",
-                          tokens=True))
+                          tokens=True, shared=shared))
     if pp:
         m = summary["config"].get("pipeline_n_chunk")
         labels = ["Model Parallel", f"Pipeline Parallel\n(M = {m})"]
+        shared = pp.get("note")
         a, b = pp["model_parallel"], pp["pipeline_parallel"]
         made.append(_bars(out_dir / "pp_training_time.png", "Pipeline parallel: training time per epoch",
                           "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
                           [a["time_std"], b["time_std"]],
-                          f"{fmt.ratio(pp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}"))
+                          f"{fmt.ratio(pp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}",
+                          shared=shared))
         made.append(_bars(out_dir / "pp_tokens_per_second.png", "Pipeline parallel: throughput",
                           "tokens per second", labels, [a["tok_mean"], b["tok_mean"]],
                           [a["tok_std"], b["tok_std"]],
                           f"{fmt.ratio(pp['speedup_throughput_x'], 2)} throughput, warm-up epochs dropped: {drop}",
-                          tokens=True))
+                          tokens=True, shared=shared))
     return made
 
 
 def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
     """Stacked bars per rank: mean seconds per step in each phase."""
     rows = metrics.step_breakdown(run, warmup)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(rows) + 3), 4.2))
+    note = shared_gpu_note([run])
+    width = max(4.5, 1.2 * len(rows) + 3)
+    fig, ax = plt.subplots(figsize=(width, 4.2 + (0.5 if note else 0)))
     x = np.arange(len(rows))
     bottom = np.zeros(len(rows))
     scale, unit = (1e3, "ms") if max(r["total"] for r in rows) < 1 else (1.0, "s")
@@ -128,8 +166,8 @@ def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
                       else f"rank {r['rank']}" for r in rows])
     ax.set_ylabel(f"mean time per step ({unit})")
     plain_axis(ax.yaxis)
-    ax.set_title(f"Step time breakdown: {run.label()}\n({rows[0]['steps']} steps per rank after warm-up)",
-                 fontsize=11)
+    ax.set_title(titled(f"Step time breakdown: {run.label()}\n({rows[0]['steps']} steps per rank after "
+                        "warm-up)", note, width - 1.5), fontsize=11)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -137,7 +175,8 @@ def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
 
 def loss_plot(runs: Sequence[Run], path) -> Path:
     """Train loss per step (the model's rank) and validation loss per epoch, one colour per run."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    note = shared_gpu_note(runs)
+    fig, ax = plt.subplots(figsize=(7, 4.2 + (0.3 if note else 0)))
     for i, run in enumerate(runs):
         color = f"C{i}"
         r = metrics.loss_rank(run)
@@ -151,15 +190,17 @@ def loss_plot(runs: Sequence[Run], path) -> Path:
                         label=f"{run.name}: validation")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy loss (nats/token)")
-    ax.set_title("Loss curves (train per step, validation per epoch)", fontsize=11)
+    ax.set_title(titled("Loss curves (train per step, validation per epoch)", note, 7), fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
-def world_size_plot(points: List[Dict], path) -> Path:
-    """Throughput vs world size, with the linear-scaling line from the smallest world."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+def world_size_plot(points: List[Dict], path, note: Optional[str] = None) -> Path:
+    """Throughput vs world size, with the linear-scaling line from the smallest world. `note` (the
+    runs' shared-GPU note; default: the points') goes under the title."""
+    note = note or points_note(points)
+    fig, ax = plt.subplots(figsize=(6, 4.2 + (0.5 if note else 0)))
     by_prog: Dict[str, List[Dict]] = {}
     for p in points:
         by_prog.setdefault(p["program"], []).append(p)
@@ -176,19 +217,22 @@ def world_size_plot(points: List[Dict], path) -> Path:
     ax.set_ylabel("tokens per second (all ranks)")
     tokens_axis(ax.yaxis)
     ax.set_xticks(sorted({p["world_size"] for p in points}))
-    ax.set_title("Throughput vs world size (mean ± std over epochs)", fontsize=11)
+    ax.set_title(titled("Throughput vs world size (mean ± std over epochs)", note, 6), fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     return _save(fig, path)
 
 
-def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = None) -> Path:
+def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = None,
+                    note: Optional[str] = None) -> Path:
     """Pipeline throughput vs micro-batches M per schedule, with the ideal M/(M+n-1) curve scaled
     so that its asymptote is the no-bubble throughput (stages x model-parallel throughput when a
     model_parallel run is given, else fitted to the best measured point). `predicted`
     (metrics.plan_points) adds pp_plan's prediction per schedule as dashed lines, scaled so that its
-    model-parallel point meets the measured model-parallel run when there is one."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    model-parallel point meets the measured model-parallel run when there is one. `note` (the
+    runs' shared-GPU note; default: the points') goes under the title."""
+    note = note or points_note(points)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2 + (0.5 if note else 0)))
     pipe = [p for p in points if p.get("mode") != "model_parallel"]
     mp = [p for p in points if p.get("mode") == "model_parallel"]
     n = max([p.get("pp", p["world_size"]) for p in points] + [1])  # ranks per pipeline
@@ -227,7 +271,7 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
     ax.set_ylabel("tokens per second")
     tokens_axis(ax.yaxis)
     ax.set_xticks(ms)
-    ax.set_title("Pipeline throughput vs micro-batches", fontsize=11)
+    ax.set_title(titled("Pipeline throughput vs micro-batches", note, 6.5), fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)

@@ -10,7 +10,13 @@ previous run's so that they keep increasing.
 A pp_train run with --dp D is D data-parallel replicas of one P-rank pipeline: world rank r is
 pipeline rank r % P of replica r // P. Its files carry the root attributes dp (D), dp_rank (the
 replica), pp (P) and pp_rank (the place in the pipeline). Files without them (every other program,
-and pp_train before --dp) read as D = 1, P = world_size, dp_rank = 0, pp_rank = rank."""
+and pp_train before --dp) read as D = 1, P = world_size, dp_rank = 0, pp_rank = rank.
+
+Every file names where its rank ran (root attributes host and device, e.g. "cuda:0"). Two ranks
+of one run with the same host and the same GPU device shared that GPU (several ranks on one GPU,
+e.g. 2 ranks on a machine with one): such a run works, but its timings are functional, not speed
+figures, and everything made from it says so (Run.shares_gpu, shared_gpu_note). CPU ranks ("cpu")
+never count as sharing."""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import h5py
 import numpy as np
@@ -48,6 +54,16 @@ def schedule_name(schedule: str, stages_per_rank: int = 1, zero_bubble: bool = F
     if zb_extra_live == 0:
         return name + "+zb"
     return name + ("+zb+inf" if zb_extra_live < 0 else f"+zb+{zb_extra_live}")
+
+
+# What the JSON and the plots say about a run whose ranks shared a GPU.
+SHARED_GPU_CAVEAT = "timings are functional, not speed figures"
+
+
+def is_gpu_device(device) -> bool:
+    """A device string that names a GPU ("cuda:0", "cuda"); "cpu" and an empty one do not."""
+    d = str(device or "").strip().lower()
+    return bool(d) and not d.startswith("cpu")
 
 
 class RunError(Exception):
@@ -156,6 +172,31 @@ class Run:
         if self.hybrid:
             return f"{self.dp} x {self.pp} hybrid"
         return f"n={self.world_size}"
+
+    @property
+    def shared_gpus(self) -> Dict[Tuple[str, str], List[int]]:
+        """The GPUs that more than one rank of the run used: (host, device) -> those ranks. Empty
+        when every rank had its own GPU, for CPU ranks, and for files without host or device."""
+        by_gpu: Dict[Tuple[str, str], List[int]] = {}
+        for r in self.ranks:
+            host, device = r.attrs.get("host"), r.attrs.get("device")
+            if host and is_gpu_device(device):
+                by_gpu.setdefault((str(host), str(device)), []).append(r.rank)
+        return {k: sorted(v) for k, v in by_gpu.items() if len(v) > 1}
+
+    @property
+    def shares_gpu(self) -> bool:
+        """True when two ranks of the run ran on the same host and the same GPU device."""
+        return bool(self.shared_gpus)
+
+    def sharing(self) -> Optional[str]:
+        """How the ranks shared GPUs, "2 ranks shared one GPU" or "4 ranks shared 2 GPUs"; None
+        when they did not."""
+        shared = self.shared_gpus
+        if not shared:
+            return None
+        n = sum(len(v) for v in shared.values())
+        return f"{n} ranks shared one GPU" if len(shared) == 1 else f"{n} ranks shared {len(shared)} GPUs"
 
     def label(self) -> str:
         c = self.config
@@ -328,6 +369,17 @@ def _check_mesh(directory: Path, ranks: List[RankFile]) -> None:
             raise RunError(f"{r.path}: rank {r.rank} says replica {r.dp_rank}, pipeline rank "
                            f"{r.pp_rank}, but with pp {p} it is replica {r.rank // p}, pipeline rank "
                            f"{r.rank % p}; files from different runs were mixed in one directory")
+
+
+def shared_gpu_note(runs) -> Optional[str]:
+    """The note for results made from `runs` (None entries are skipped) when ranks of any of them
+    shared a GPU: "2 ranks shared one GPU: timings are functional, not speed figures"; else None."""
+    phrases: List[str] = []
+    for run in runs:
+        s = run.sharing() if run is not None else None
+        if s and s not in phrases:
+            phrases.append(s)
+    return f"{'; '.join(phrases)}: {SHARED_GPU_CAVEAT}" if phrases else None
 
 
 def read_runs(directories) -> List[Run]:

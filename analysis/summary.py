@@ -1,5 +1,10 @@
 """JSON summaries: one per run (`summarize`) and HW5's performance_summary.json (`hw5`), with the
-grader's thresholds."""
+grader's thresholds.
+
+When ranks of a run shared a GPU (reader.Run.shares_gpu) its summary adds "ranks_share_gpu": true
+and a "note" ("2 ranks shared one GPU: timings are functional, not speed figures"); so does
+performance_summary.json at the top and in each section (false in a section whose runs did not).
+Without shared GPUs neither key appears: the schema is HW5's exactly."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from analysis import metrics
-from analysis.reader import Run
+from analysis.reader import Run, shared_gpu_note
 
 # HW5's pass marks: data parallel on 2 GPUs vs 1, pipeline vs model parallel.
 DEFAULT_THRESHOLDS = {"dp_time": 1.5, "dp_throughput": 1.5, "pp_time": 1.0, "pp_throughput": 1.0}
@@ -64,6 +69,9 @@ def run_summary(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
     b = metrics.bubble(run)
     if b is not None:
         out["pipeline_bubble"] = b
+    note = shared_gpu_note([run])
+    if note:
+        out.update(ranks_share_gpu=True, note=note)
     return out
 
 
@@ -82,7 +90,7 @@ def hw5_summary(dp_single: Optional[Run], dp_multi: Optional[Run], pp_model: Opt
     first = runs[0] if runs else None
     pp_cfg = (pp_pipeline or pp_model).config if (pp_pipeline or pp_model) else {}
     dropped = metrics.warmup_of(first, warmup) if first else (warmup or 0)
-    return {
+    out = {
         "config": {
             "epochs": int(first.config.get("epochs", 0)) if first else 0,
             "warmup_epochs_dropped": dropped,
@@ -93,6 +101,18 @@ def hw5_summary(dp_single: Optional[Run], dp_multi: Optional[Run], pp_model: Opt
         "pipeline_parallel": _section(pp_model, pp_pipeline, ("model_parallel", "pipeline_parallel"),
                                       warmup),
     }
+    note = shared_gpu_note(runs)
+    if note:
+        # Ranks shared a GPU: said at the top and in each section (HW5's keys are unchanged).
+        out = {"ranks_share_gpu": True, "note": note, **out}
+        for key, pair in (("data_parallel", (dp_single, dp_multi)),
+                          ("pipeline_parallel", (pp_model, pp_pipeline))):
+            if out[key] is not None:
+                sec_note = shared_gpu_note(pair)
+                out[key]["ranks_share_gpu"] = sec_note is not None
+                if sec_note:
+                    out[key]["note"] = sec_note
+    return out
 
 
 def grade(summary: Dict[str, object], thresholds: Dict[str, float]) -> List[str]:

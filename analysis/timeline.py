@@ -8,7 +8,10 @@ per world rank, replica 0's P rows first, each replica's rows set apart from the
 
 Times are each rank's own clock (seconds since that rank started the run), moved onto the last
 stage's clock by metrics.clock_offset (the loss broadcast that ends every step is the common
-point), so stages line up even when ranks started apart or run on different nodes."""
+point), so stages line up even when ranks started apart or run on different nodes.
+
+When the run's ranks shared a GPU (reader.shared_gpu_note) the chart's title and the trace's
+otherData say so: their timings are functional, not speed figures."""
 
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from matplotlib.patches import Patch  # noqa: E402
 import numpy as np  # noqa: E402
 
 from analysis import metrics  # noqa: E402
-from analysis.plots import plain_axis  # noqa: E402
-from analysis.reader import Run, RunError  # noqa: E402
+from analysis.plots import plain_axis, titled  # noqa: E402
+from analysis.reader import Run, RunError, shared_gpu_note  # noqa: E402
 from analysis.summary import write_json  # noqa: E402
 
 OP_COLORS = {0: "#4c72b0", 1: "#dd8452", 2: "#8172b3", 3: "#937860", 4: "#da8bc3", 5: "#8c8c8c",
@@ -124,8 +127,9 @@ def gantt_figure(run: Run, step: Optional[int] = None):
     bub = f", idle {b['measured']:.0%} (ideal bubble {b['ideal']:.0%})" if b else ""
     boxes = "micro-batch number" if v == 1 else "micro-batch/stage, later stages hatched"
     where = (f"\n{d} replicas x {n} pipeline ranks, replica 0 on top" if d > 1 else "")
-    ax.set_title(f"Pipeline timeline: {run.label()}{bub}\nboxes: {boxes}; "
-                 f"thin boxes below: communication; gaps: bubbles{where}", fontsize=10)
+    ax.set_title(titled(f"Pipeline timeline: {run.label()}{bub}\nboxes: {boxes}; "
+                        f"thin boxes below: communication; gaps: bubbles{where}",
+                        shared_gpu_note([run]), 11, 10), fontsize=10)
     ops = sorted({int(o) for o in a["op"][sel]})
     ax.legend(handles=[Patch(color=OP_COLORS[o], label=metrics.OP_NAMES[o]) for o in ops],
               loc="upper center", bbox_to_anchor=(0.5, -0.28 if rows < 3 else -0.18), ncol=len(ops),
@@ -186,8 +190,11 @@ def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
             "pid": int(a["rank"][i]), "tid": 0 if op in (0, 1, 6, 7) else 1,
             "ts": float(a["start"][i] * 1e6), "dur": float(max(0.0, a["end"][i] - a["start"][i]) * 1e6),
             "args": args})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"run": str(run.path), "label": run.label()}}
+    other = {"run": str(run.path), "label": run.label()}
+    note = shared_gpu_note([run])
+    if note:
+        other.update(ranks_share_gpu=True, note=note)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def write_timeline(run: Run, out_dir, step: Optional[int] = None) -> List[Path]:
