@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <exception>
@@ -41,6 +42,13 @@ std::string describe(const std::exception& e, bool labelled) {
   if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
   if (mpi_up()) MPI_Finalize();
   std::exit(code);
+}
+
+// The program's name for errors that end the job from another thread (core/error.h: fatal).
+std::atomic<const char*> fatal_program{"gpt2p"};
+
+[[noreturn]] void bring_down_from_any_thread(const Error& error) {
+  bring_down(fatal_program.load(), error.what(), kExitError);
 }
 
 }  // namespace
@@ -89,6 +97,8 @@ int run_guarded(const char* program, int argc, char** argv, const ProgramBody& b
   // MPI lives outside the try: an error unwinds to the catch below with MPI still up, so the
   // failing rank can abort the job rather than wait in MPI_Finalize for ranks that wait for it.
   std::optional<MpiEnv> env;
+  fatal_program.store(program);
+  set_fatal_handler(&bring_down_from_any_thread);
   try {
     env.emplace(&argc, &argv);
   } catch (const std::exception& e) {

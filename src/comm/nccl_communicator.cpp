@@ -5,6 +5,8 @@
 //   current stream --[ready event]--> our stream: NCCL kernels --[done event]--> Work
 //   Work::wait():        current stream waits on `done` (no host block), then copies back
 //   Work::synchronize(): host polls `done` and ncclCommGetAsyncError until the timeout
+//   the watchdog thread: every `done` in order; one not done past the timeout (+ a grace) aborts
+//   the communicator and ends the job, wherever the host waits (nccl_work.h)
 // The Work, its event and the shared communicator state live in nccl_work.h.
 #include "gpt2p/comm/nccl_communicator.h"
 
@@ -92,6 +94,7 @@ class NcclCommunicator final : public Communicator {
     broadcast_bytes(&id, static_cast<int>(sizeof(id)), 0, mpi_comm_, options.timeout,
                     "sending the NCCL unique id");
     GPT2P_NCCL_CHECK(ncclCommInitRank(&state_->comm, size(), id, rank()));
+    state_->start_watchdog();
     // NCCL connects peers lazily, inside the first collective's host call, which then blocks
     // until every peer joins. One collective now, while all ranks are known to be here, moves
     // that wait out of the training loop and lets a later dead peer surface as a timeout in
@@ -331,6 +334,7 @@ class NcclCommunicator final : public Communicator {
     }
     auto done = std::make_shared<Event>();
     done->record(stream_.stream());
+    state_->watch(done);
     return done;
   }
 

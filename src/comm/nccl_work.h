@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -19,6 +20,7 @@
 
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/comm/cuda_check.h"
+#include "gpt2p/comm/watchdog.h"
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::comm::nccl {
@@ -41,14 +43,29 @@ class Event {
 };
 
 // The NCCL communicator, shared by the Communicator and its Works (a Work may outlive a call).
+//
+// Its watchdog (comm/watchdog.h) ends the job when an operation is not done `timeout` +
+// kWatchdogGrace after it was enqueued: it aborts the communicator (the kernels return) and
+// reports through gpt2p::fatal (one error line, MPI_Abort). Work::synchronize() times its own
+// waits, but a rank also blocks in plain CUDA synchronisations that queue behind NCCL's kernels
+// (a loss read with item(), a copy to the host); with a peer stopped or dead those would wait
+// forever. The grace lets synchronize() report first where it is the one waiting.
 struct NcclState {
+  static constexpr std::chrono::milliseconds kWatchdogGrace{2000};
+
   ncclComm_t comm = nullptr;
   int device = 0;
   std::chrono::milliseconds timeout{60000};
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
+  std::unique_ptr<Watchdog> watchdog;
+
+  NcclState() = default;
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
 
   ~NcclState() {
-    if (comm != nullptr && !aborted) {
+    watchdog.reset();  // joins its thread before the communicator goes
+    if (comm != nullptr && !aborted.load()) {
       cudaSetDevice(device);
       // Unwinding after an error ends in MPI_Abort: ncclCommDestroy would first wait for queued
       // work that a dead or stuck peer never completes (c10d aborts for the same reason).
@@ -60,16 +77,50 @@ struct NcclState {
     }
   }
 
-  [[noreturn]] void abort_and_throw(const std::string& what, const char* file, int line) {
-    if (!aborted) ncclCommAbort(comm);
-    aborted = true;
-    ::gpt2p::detail::throw_error(
-        what + " (the NCCL communicator was aborted)",
-        "a peer rank has probably died or diverged (made different calls); look "
-        "at the other ranks' errors, rerun with NCCL_DEBUG=WARN, or raise the "
-        "timeout if the step is legitimately slow",
-        file, line);
+  // Once: the first caller aborts the communicator; true for that caller.
+  bool abort_once() {
+    if (aborted.exchange(true)) return false;
+    if (watchdog) watchdog->disarm();
+    ncclCommAbort(comm);
+    return true;
   }
+
+  [[noreturn]] void abort_and_throw(const std::string& what, const char* file, int line) {
+    abort_once();
+    ::gpt2p::detail::throw_error(what + " (the NCCL communicator was aborted)", kAbortHint, file,
+                                 line);
+  }
+
+  // After comm is initialised.
+  void start_watchdog() {
+    watchdog = std::make_unique<Watchdog>(
+        timeout + kWatchdogGrace,
+        [this](std::chrono::milliseconds age) {
+          if (!abort_once()) return;  // the program's own wait got there first and reports
+          fatal(Error("an NCCL operation enqueued " + std::to_string(age.count()) +
+                          " ms ago did not complete within --comm-timeout (" +
+                          std::to_string(timeout.count()) +
+                          " ms) while this rank waited on its GPU (the NCCL communicator was "
+                          "aborted)",
+                      kAbortHint, __FILE__, __LINE__));
+        },
+        [dev = device] { cudaSetDevice(dev); });
+  }
+
+  // An enqueued operation, by the event recorded after it.
+  void watch(std::shared_ptr<Event> done) {
+    watchdog->watch([done = std::move(done)] {
+      const cudaError_t rc = cudaEventQuery(done->get());
+      if (rc == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: clear it
+      return rc != cudaErrorNotReady;
+    });
+  }
+
+ private:
+  static constexpr const char* kAbortHint =
+      "a peer rank has probably died, stopped or diverged (made different calls); look at the "
+      "other ranks' errors, rerun with NCCL_DEBUG=WARN, or raise --comm-timeout if the step is "
+      "legitimately slow";
 };
 
 class NcclWork final : public Work {

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 
 namespace gpt2p {
 namespace {
@@ -38,6 +41,23 @@ std::string process_label() {
     rank = std::to_string(r);
   }
   return "rank " + rank + " on " + host_name();
+}
+
+namespace {
+std::atomic<FatalHandler> fatal_handler{nullptr};
+}  // namespace
+
+void set_fatal_handler(FatalHandler handler) { fatal_handler.store(handler); }
+
+void fatal(const Error& error) {
+  if (FatalHandler handler = fatal_handler.load(); handler != nullptr) handler(error);
+  std::fprintf(stderr, "error: %s\n", error.what());
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized != 0 && finalized == 0) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
 }
 
 namespace detail {

@@ -9,7 +9,8 @@
 // for bit: each step's loss, the validation loss and every weight of the final checkpoint. At 4
 // ranks NCCL's ring adds in another order than MPI, so they agree within a tolerance: losses
 // within 1e-5 relative, weights within 1e-4 absolute (an Adam step is lr = 1e-4: a gradient that
-// cancels to about zero may round to another sign) and 1e-7 on average. With
+// cancels to about zero may round to another sign) and 1e-7 on average (bfloat16 reductions: see
+// their case). On an H200 the pipelines and the hybrid were bitwise at 4 ranks as well. With
 // GPT2P_AGREEMENT_TSV set, rank 0 appends one row per case to that file.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -42,6 +43,9 @@ struct Case {
   const char* name;
   bool pipeline;  // pp_train (else dp_train)
   std::function<void(TrainConfig&, int world)> set;
+  // At more than 2 ranks: the largest and the mean absolute weight difference allowed.
+  double weight_max = 1e-4;
+  double weight_mean = 1e-7;
 };
 
 // How far two runs are apart.
@@ -189,8 +193,8 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
     }
     EXPECT_LE(g.loss, 1e-5);
     EXPECT_LE(g.val_loss, 1e-5);
-    EXPECT_LE(g.weight_max, 1e-4);
-    EXPECT_LE(g.weight_mean, 1e-7);
+    EXPECT_LE(g.weight_max, k.weight_max);
+    EXPECT_LE(g.weight_mean, k.weight_mean);
     EXPECT_GT(g.weights, 0);
   }
 };
@@ -207,7 +211,12 @@ const Case kDataParallel[] = {
     {"dp-bucketed-dense", false,
      [](TrainConfig& c, int) { c.embedding_sync = EmbeddingSync::kDense; }},
     {"dp-per-param", false, [](TrainConfig& c, int) { c.grad_sync = GradSyncMode::kPerParam; }},
-    {"dp-bf16-reduce", false, [](TrainConfig& c, int) { c.reduce_dtype = ReduceDtype::kBf16; }},
+    // NCCL's ring rounds every partial sum to bfloat16; MPI sums in float32 and rounds once. The
+    // gradients then differ by a bfloat16 rounding, and Adam turns that into up to a step (lr)
+    // per step on weights whose gradients are near zero: 2.0e-4 at most and 6.5e-8 on average
+    // were seen at 4 ranks on an H200.
+    {"dp-bf16-reduce", false, [](TrainConfig& c, int) { c.reduce_dtype = ReduceDtype::kBf16; },
+     3e-4, 3e-7},
     {"dp-zero1", false, [](TrainConfig& c, int) { c.zero = 1; }},
     {"dp-recompute-dropout", false,
      [](TrainConfig& c, int) {

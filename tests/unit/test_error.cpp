@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "gpt2p/cli/main_guard.h"
@@ -99,6 +100,28 @@ TEST(ErrorMessage, TorchsBacktraceIsCutAndOutOfMemoryGetsTheFix) {
   // Our own errors pass unchanged, their fix included.
   EXPECT_EQ(gpt2p::cli::error_message("no such file -- fix: pass --data"),
             "no such file -- fix: pass --data");
+}
+
+// gpt2p::fatal: the installed handler ends the process; without one the message goes to stderr
+// and the process exits 1 (no MPI here).
+void exit_with_three(const Error&) { std::_Exit(3); }
+
+TEST(FatalDeathTest, TheInstalledHandlerEndsTheProcess) {
+  EXPECT_EXIT(
+      {
+        set_fatal_handler(&exit_with_three);
+        fatal(Error("watched operation late", "look at the peers", "w.cpp", 7));
+      },
+      ::testing::ExitedWithCode(3), "");
+}
+
+TEST(FatalDeathTest, WithoutAHandlerItPrintsTheErrorAndExitsOne) {
+  EXPECT_EXIT(
+      {
+        set_fatal_handler(nullptr);
+        fatal(Error("watched operation late", "look at the peers", "w.cpp", 7));
+      },
+      ::testing::ExitedWithCode(1), "error: .*w.cpp:7: watched operation late -- fix: look at the peers");
 }
 
 }  // namespace

@@ -30,6 +30,14 @@ class Error : public std::runtime_error {
 // "rank R/host" of this process, or "rank ?" before MPI is up; used as the prefix of messages.
 std::string process_label();
 
+// Ends the job from a thread that cannot throw to the program's main (the NCCL watchdog,
+// comm/nccl_communicator.cpp): the handler that the program's main guard installs
+// (cli/main_guard.h) prints `error` as it prints every error and brings every rank down; without
+// one, the message goes to stderr and MPI_Abort ends the job. Never returns.
+using FatalHandler = void (*)(const Error& error);
+void set_fatal_handler(FatalHandler handler);
+[[noreturn]] void fatal(const Error& error);
+
 namespace detail {
 [[noreturn]] void throw_error(const std::string& what, const std::string& hint, const char* file,
                               int line);
