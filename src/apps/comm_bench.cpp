@@ -19,6 +19,7 @@
 #include "gpt2p/cli/options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/comm/gpu_placement.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
@@ -75,6 +76,12 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
     throw UsageError("--" + flag + " '" + text +
                      "' is not a size: use a positive number of bytes " +
                      "with an optional suffix K, M or G (e.g. 1K, 512M)");
+  }
+  // No device holds a buffer of 1 TiB; the check also keeps value * scale from overflowing.
+  constexpr int64_t kMaxBytes = int64_t{1} << 40;
+  if (value > kMaxBytes / scale) {
+    throw UsageError("--" + flag + " '" + text + "' is more than 1024G, the largest size tried: " +
+                     "use a size up to 1024G (e.g. 512M)");
   }
   return value * scale;
 }
@@ -278,8 +285,13 @@ int run(const gpt2p::Topology& topo, const BenchConfig& c) {
   bool shared = false;
   if (c.backend == gpt2p::comm::Backend::kNccl) {
     // Ranks may share a GPU (comm/gpu_placement.h).
-    const auto gpus = gpt2p::comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()),
-                                                 gpt2p::kDefaultCommTimeout);
+    const auto gpus = gpt2p::comm::place_on_gpus(
+        topo, static_cast<int>(torch::cuda::device_count()),
+        [](int i) {
+          return gpt2p::compat::device_bus_id(
+              torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+        },
+        gpt2p::kDefaultCommTimeout);
     gpt2p::comm::give_nccl_ranks_own_hosts(gpus, topo.rank);
     options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpus.gpu));
     shared = gpus.job_shares;
@@ -294,7 +306,9 @@ int run(const gpt2p::Topology& topo, const BenchConfig& c) {
     std::printf("# sendrecv skipped: needs 2 ranks\n");
   const auto esize = static_cast<int64_t>(torch::elementSize(c.dtype));
   bool all_correct = true;
-  for (int64_t bytes = c.min_bytes; bytes <= c.max_bytes; bytes *= c.step_factor) {
+  // bytes <= 1 TiB (parse_bytes): the step stops before bytes * step_factor could overflow.
+  for (int64_t bytes = c.min_bytes; bytes <= c.max_bytes;
+       bytes = bytes > c.max_bytes / c.step_factor ? c.max_bytes + 1 : bytes * c.step_factor) {
     const int64_t count = bytes / esize;
     if (count == 0) continue;
     std::vector<Row> rows;

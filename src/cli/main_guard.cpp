@@ -5,6 +5,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 
@@ -47,8 +48,14 @@ std::string describe(const std::exception& e, bool labelled) {
 // The program's name for errors that end the job from another thread (core/error.h: fatal).
 std::atomic<const char*> fatal_program{"gpt2p"};
 
+// As bring_down, from a thread that is not main's: MPI_Abort (which Open MPI and MPICH take from
+// any thread) but no MPI_Finalize or exit(), which would run atexit handlers and static
+// destructors under a main thread that still runs.
 [[noreturn]] void bring_down_from_any_thread(const Error& error) {
-  bring_down(fatal_program.load(), error.what(), kExitError);
+  std::fprintf(stderr, "%s: error: %s\n", fatal_program.load(), error.what());
+  std::fflush(stderr);
+  if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, kExitError);
+  std::_Exit(kExitError);
 }
 
 }  // namespace

@@ -45,11 +45,13 @@ class Event {
 // The NCCL communicator, shared by the Communicator and its Works (a Work may outlive a call).
 //
 // Its watchdog (comm/watchdog.h) ends the job when an operation is not done `timeout` +
-// kWatchdogGrace after it was enqueued: it aborts the communicator (the kernels return) and
-// reports through gpt2p::fatal (one error line, MPI_Abort). Work::synchronize() times its own
-// waits, but a rank also blocks in plain CUDA synchronisations that queue behind NCCL's kernels
-// (a loss read with item(), a copy to the host); with a peer stopped or dead those would wait
-// forever. The grace lets synchronize() report first where it is the one waiting.
+// kWatchdogGrace after it was enqueued. Work::synchronize() times its own waits, but a rank also
+// blocks in plain CUDA synchronisations that queue behind NCCL's kernels (a loss read with item(),
+// a copy to the host); with a peer stopped or dead those would wait forever. The watchdog then
+// reports through gpt2p::fatal (one error line, MPI_Abort), which ends every process and with it
+// the communicator: it does not call ncclCommAbort itself, which could free the communicator
+// under a call of the main thread (and may itself hang). Where synchronize() is the one waiting,
+// it reports first (its limit is the timeout) and aborts the communicator on its own thread.
 struct NcclState {
   static constexpr std::chrono::milliseconds kWatchdogGrace{2000};
 
@@ -96,12 +98,12 @@ struct NcclState {
     watchdog = std::make_unique<Watchdog>(
         timeout + kWatchdogGrace,
         [this](std::chrono::milliseconds age) {
-          if (!abort_once()) return;  // the program's own wait got there first and reports
+          // The program's own wait got there first, aborted and reports.
+          if (aborted.exchange(true)) return;
           fatal(Error("an NCCL operation enqueued " + std::to_string(age.count()) +
-                          " ms ago did not complete within --comm-timeout (" +
+                          " ms ago is not done, past --comm-timeout (" +
                           std::to_string(timeout.count()) +
-                          " ms) while this rank waited on its GPU (the NCCL communicator was "
-                          "aborted)",
+                          " ms): the job is ended without waiting for the NCCL communicator",
                       kAbortHint, __FILE__, __LINE__));
         },
         [dev = device] { cudaSetDevice(dev); });

@@ -17,11 +17,7 @@ Watchdog::~Watchdog() {
   }
   wake_.notify_all();
   if (!thread_.joinable()) return;
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();
-  } else {
-    thread_.join();
-  }
+  thread_.join();  // on_timeout never destroys its own watchdog
 }
 
 void Watchdog::watch(Done done) {
@@ -45,9 +41,17 @@ void Watchdog::loop(const std::function<void()>& on_start) {
   while (!stopping_) {
     wake_.wait_for(lock, poll_);
     if (stopping_ || disarmed_) continue;
-    // In order: the first unfinished operation is the oldest one that can be late.
-    while (!ops_.empty() && ops_.front().done()) ops_.pop_front();
-    if (ops_.empty()) continue;
+    // In order: the first unfinished operation is the oldest one that can be late. Each is asked
+    // without the lock (cudaEventQuery may wait on a driver lock), so watch() never blocks.
+    bool front_done = true;
+    while (!ops_.empty() && front_done) {
+      const Done done = ops_.front().done;
+      lock.unlock();
+      front_done = done();
+      lock.lock();
+      if (front_done && !ops_.empty()) ops_.pop_front();
+    }
+    if (stopping_ || disarmed_ || ops_.empty()) continue;
     const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - ops_.front().since);
     if (age <= limit_) continue;

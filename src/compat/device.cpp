@@ -88,6 +88,19 @@ std::string device_name(const torch::Device& device) {
   return "";
 }
 
+std::string device_bus_id(const torch::Device& device) {
+#ifdef GPT2P_WITH_CUDA
+  if (device.is_cuda()) {
+    char id[32] = {};
+    if (cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof(id)), device.index()) == cudaSuccess) {
+      return id;
+    }
+  }
+#endif
+  (void)device;
+  return "";
+}
+
 void set_current_device(const torch::Device& device) {
 #ifdef GPT2P_WITH_CUDA
   if (device.is_cuda()) c10::cuda::set_device(device.index());

@@ -80,7 +80,10 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
       timeout);
   Placement p;
   if (!gpu) return p;
-  p.gpus = comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()), timeout);
+  p.gpus = comm::place_on_gpus(
+      topo, static_cast<int>(torch::cuda::device_count()),
+      [](int i) { return compat::device_bus_id(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))); },
+      timeout);
   p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.gpus.gpu));
   p.backend = cfg.comm == comm::Backend::kMpi ? comm::Backend::kMpi : comm::Backend::kNccl;
   if (p.backend == comm::Backend::kNccl) comm::give_nccl_ranks_own_hosts(p.gpus, topo.rank);

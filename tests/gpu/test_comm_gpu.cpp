@@ -12,6 +12,7 @@
 
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/comm/gpu_placement.h"
+#include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
 #include "support/errors.h"
 
@@ -51,7 +52,12 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want) {
 CommOptions nccl_options(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000)) {
   const Topology world = query_topology(MPI_COMM_WORLD);
   const GpuPlacement gpus =
-      place_on_gpus(world, static_cast<int>(torch::cuda::device_count()), timeout);
+      place_on_gpus(world, static_cast<int>(torch::cuda::device_count()),
+                    [](int i) {
+                      return compat::device_bus_id(
+                          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
+                    },
+                    timeout);
   give_nccl_ranks_own_hosts(gpus, world.rank);
   CommOptions options;
   options.backend = Backend::kNccl;

@@ -41,7 +41,10 @@ class PipelineGpu : public ::testing::Test {
     // NCCL, as pp_train's --comm auto picks on GPUs: ranks that share a GPU get NCCL host ids of
     // their own (comm/gpu_placement.h) and talk over sockets.
     const auto topo = query_topology(MPI_COMM_WORLD);
-    const auto placement = comm::place_on_gpus(topo, gpus, std::chrono::milliseconds(60000));
+    const auto placement = comm::place_on_gpus(
+        topo, gpus,
+        [](int i) { return compat::device_bus_id(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))); },
+        std::chrono::milliseconds(60000));
     comm::give_nccl_ranks_own_hosts(placement, topo.rank);
     comm::CommOptions options;
     options.backend = comm::Backend::kNccl;

@@ -47,13 +47,11 @@ TEST(Watchdog, FinishedOperationsAreDroppedAndNeverFire) {
 TEST(Watchdog, AnOperationPastItsLimitFiresOnceWithItsAge) {
   Fired f;
   auto w = make(f, 40ms);
-  const auto start = std::chrono::steady_clock::now();
   w->watch([] { return false; });
   w->watch([] { return false; });
   wait_until([&] { return f.times > 0; }, 2000ms);
   ASSERT_EQ(f.times, 1);
   EXPECT_GE(f.age_ms, 40);
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 40ms);
   std::this_thread::sleep_for(80ms);
   EXPECT_EQ(f.times, 1) << "fires once";
 }
@@ -73,13 +71,13 @@ TEST(Watchdog, AnOperationWithinItsLimitDoesNotFire) {
 TEST(Watchdog, TheOldestUnfinishedOperationCounts) {
   // Operations finish in order: once the first is done, the second's own age decides.
   Fired f;
-  auto w = make(f, 500ms);
+  auto w = make(f, 2000ms);
   std::atomic<bool> first{false};
   w->watch([&] { return first.load(); });
-  std::this_thread::sleep_for(400ms);
+  std::this_thread::sleep_for(1000ms);
   w->watch([] { return false; });
   first = true;
-  std::this_thread::sleep_for(150ms);  // the first would be 550 ms old, the second is 150
+  std::this_thread::sleep_for(1300ms);  // the first would be 2300 ms old, the second is 1300
   EXPECT_EQ(f.times, 0);
   wait_until([&] { return f.times > 0; }, 2000ms);
   EXPECT_EQ(f.times, 1);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "gpt2p/core/mpi_env.h"
@@ -20,21 +21,28 @@ namespace gpt2p::comm {
 struct GpuPlacement {
   int gpu = 0;                 // this rank's GPU on its host
   int ranks_on_host = 1;       // the job's ranks on this rank's host
-  int gpus_on_host = 1;        // the GPUs this rank sees
-  bool host_shares = false;    // this host runs more ranks than it has GPUs
-  bool job_shares = false;     // some host of the job does
+  int gpus_on_host = 1;        // distinct GPUs the host's ranks use
+  bool host_shares = false;    // two ranks of this host use one GPU
+  bool job_shares = false;     // two ranks of some host do
   bool one_host = true;        // every rank of the job runs on this rank's host
   bool lowest_on_host = true;  // local rank 0: prints this host's note
 };
 
 // Collective over MPI_COMM_WORLD (every rank calls it, timed by `timeout`): this rank's GPU out of
-// `gpus` visible ones, and how the job's ranks share GPUs. `gpus` must be at least 1.
-GpuPlacement place_on_gpus(const Topology& world, int gpus, std::chrono::milliseconds timeout);
+// `gpus` visible ones (local rank mod gpus, `gpus` >= 1), and how the job's ranks share GPUs.
+// `gpu_id(index)` names a visible GPU so that processes of one host can compare them (its PCI bus
+// id: a launcher may give every rank its own CUDA_VISIBLE_DEVICES, so that each sees one GPU
+// while all use different ones).
+GpuPlacement place_on_gpus(const Topology& world, int gpus,
+                           const std::function<std::string(int)>& gpu_id,
+                           std::chrono::milliseconds timeout);
 
-// Before this process's first NCCL call, on every rank of a job whose ranks share GPUs
-// (job_shares): NCCL_HOSTID=<host id>/rank<world rank>, the host id being NCCL_HOSTID as it was
-// set, else the host name, so no two ranks report one host; and, when the job runs on one host,
-// NCCL_SOCKET_IFNAME=lo unless an interface was chosen. Harmless without NCCL.
+// Before this process's first NCCL call (nothing may call NCCL earlier: it reads its environment
+// once), on every rank of a host whose ranks share a GPU (host_shares):
+// NCCL_HOSTID=<host id>/rank<world rank>, the host id being NCCL_HOSTID as it was set, else the
+// host name, so no two ranks of the host report one host. When the job runs on one host, also
+// NCCL_SOCKET_IFNAME=lo and NCCL_NET=Socket (each only where unset): the socket transport over
+// loopback. Harmless without NCCL.
 void give_nccl_ranks_own_hosts(const GpuPlacement& placement, int world_rank);
 
 // "2 ranks share 1 GPU on <host>": for start-up lines and notes.

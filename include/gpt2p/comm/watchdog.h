@@ -28,7 +28,7 @@ class Watchdog {
   Watchdog(std::chrono::milliseconds limit, OnTimeout on_timeout,
            std::function<void()> on_start = {},
            std::chrono::milliseconds poll = std::chrono::milliseconds(100));
-  // Stops and joins the thread (unless it is the one destroying: then it detaches).
+  // Stops and joins the thread (on_timeout must not destroy its own watchdog).
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

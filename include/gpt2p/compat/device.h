@@ -34,6 +34,9 @@ bool autocast_enabled(const torch::Device& device);
 bool cuda_available();
 // The GPU's name ("NVIDIA H200"), or "" for the CPU.
 std::string device_name(const torch::Device& device);
+// The GPU's PCI bus id ("0000:1B:00.0"): the same physical GPU gives the same id to every process
+// of a host, whatever each process's CUDA_VISIBLE_DEVICES; "" for the CPU.
+std::string device_bus_id(const torch::Device& device);
 // Makes `device` current for this thread (cudaSetDevice); no-op for the CPU.
 void set_current_device(const torch::Device& device);
 // Blocks until the work queued on torch's current stream of `device` is done (no-op on CPU).
