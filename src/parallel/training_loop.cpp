@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/compat/device.h"
@@ -21,10 +22,14 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
   const int64_t per_epoch = data.batches_per_epoch();
   const std::string checkpoint = cfg.out + "/checkpoint";
   int64_t step = state.step;
+  int64_t saved_step = state.step;  // the step the newest checkpoint holds (a resume's own)
   const auto save = [&](int64_t epoch, int64_t next_batch) {
     const auto at = resume_point(epoch, next_batch, per_epoch);
     strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, parallel::to_json(cfg), {}});
+    saved_step = step;
   };
+  // Where a run that ends now would resume: after the last step taken.
+  int64_t end_epoch_at = state.epoch, end_batch_at = data.position().batch;
   double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
   const auto stopped = [&](int signal) {
     recorder.close();
@@ -32,7 +37,13 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
     return cli::kExitStopped;
   };
   StepProfiler profiler(cfg, ctx.device, setup.rank, state.step);
-  bool done = false;
+  // A checkpoint already at --max-steps (a resume of a finished run) has nothing left to train.
+  bool done = cfg.max_steps > 0 && step >= cfg.max_steps;
+  if (done && setup.rank == 0) {
+    std::printf("%s: nothing to train: the run is at step %lld and --max-steps is %lld\n",
+                setup.program, static_cast<long long>(step), static_cast<long long>(cfg.max_steps));
+    std::fflush(stdout);
+  }
   int stopped_by = 0;  // the signal that stopped the run
   for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
     strategy.set_training(true);
@@ -53,6 +64,8 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
                    setup.tokens_factor, ctx.peak_flops, run_flops, setup.ranks});
       profiler.after_step(step);
       stopped_by = stop_requested(*ctx.control);
+      end_epoch_at = epoch;
+      end_batch_at = b + 1;
       if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
                        stopped_by != 0)) {
         strategy.cancel_next();
@@ -80,6 +93,8 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
       return stopped(stopped_by);
     }
   }
+  // --save-every N commits every N steps; a finished run also commits its last steps.
+  if (cfg.save_every > 0 && saved_step != step) save(end_epoch_at, end_batch_at);
   recorder.set_attribute("peak_memory_bytes", run_peak);
   recorder.close();
   if (setup.ranks > 1) ctx.comm->barrier();

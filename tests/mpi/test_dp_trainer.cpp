@@ -125,6 +125,23 @@ TEST_F(DataParallelTrainer, ACheckpointOnAnEpochsLastStepResumes) {
   EXPECT_EQ(read_column(rank_file("b"), "/steps/epoch"), (std::vector<double>{1}));
 }
 
+// --save-every 2 over 3 steps commits steps 2 and 3: a finished run loses none of its steps. A
+// resume of it with the same --max-steps has nothing left to train.
+TEST_F(DataParallelTrainer, AFinishedRunCommitsItsLastStepAndItsResumeTrainsNothing) {
+  auto a = config("a", 3);
+  a.save_every = 2;
+  ASSERT_EQ(train_data_parallel(a, parallel::Program::kDataParallel, topo), 0);
+  const auto state = model::read_train_state(dir + "/a/checkpoint");
+  EXPECT_EQ(state.step, 3);
+  EXPECT_EQ(state.epoch, 0);
+  EXPECT_EQ(state.batch_in_epoch, 3);
+  auto b = config("b", 3);
+  b.resume = dir + "/a/checkpoint";
+  ASSERT_EQ(train_data_parallel(b, parallel::Program::kDataParallel, topo), 0);
+  EXPECT_TRUE(read_column(rank_file("b"), "/steps/step").empty());
+  EXPECT_EQ(model::read_train_state(dir + "/a/checkpoint").step, 3);
+}
+
 // A fresh run into an --out that holds a checkpoint is refused on every rank, the checkpoint
 // untouched; --overwrite lets it start over.
 TEST_F(DataParallelTrainer, AFreshRunDoesNotReplaceACheckpointWithoutOverwrite) {

@@ -241,6 +241,16 @@ TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   }
 }
 
+// --save-every 2 over 3 steps commits step 3 too, every stage under one manifest.
+TEST_F(PipelineTrainer, AFinishedRunCommitsItsLastStep) {
+  auto c = config("last", 3, "uniform");
+  c.save_every = 2;
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  const std::string root = dir + "/last/checkpoint";
+  EXPECT_EQ(model::read_checkpoint_manifest(root).value("step", -1), 3);
+  EXPECT_EQ(model::read_train_state(root + "/stage" + std::to_string(comm->rank())).step, 3);
+}
+
 // Every stage's checkpoint is one commit: a manifest at the root, no staging directory left, and
 // a resume refuses a root without the manifest or with a stage at another step.
 TEST_F(PipelineTrainer, StageCheckpointsAreCommittedTogether) {
