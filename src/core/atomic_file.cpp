@@ -1,6 +1,8 @@
 #include "gpt2p/core/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace gpt2p {
 
@@ -237,6 +241,35 @@ void replace_dir(const std::string& staged_in, const std::string& dir_in) {
   }
 }
 
+namespace {
+// "<dir>.tmp.<pid>" and "<dir>.old.<pid>" of processes that no longer run on this host: what a
+// save killed midway left. Ours and those of live processes are kept.
+void remove_stale_siblings(const std::string& dir) {
+  const std::string parent = parent_of(dir);
+  const auto slash = dir.find_last_of('/');
+  const std::string base = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  DIR* d = ::opendir(parent.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    for (const char* kind : {".tmp.", ".old."}) {
+      const std::string prefix = base + kind;
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string pid_text = name.substr(prefix.size());
+      if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) {
+        continue;
+      }
+      const auto pid = static_cast<pid_t>(std::stol(pid_text));
+      if (pid == ::getpid() || pid <= 0) continue;
+      if (::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(parent + "/" + name);
+    }
+  }
+  ::closedir(d);
+  for (const auto& path : stale) remove_tree(path);  // best effort: the new dir is complete
+}
+}  // namespace
+
 void write_dir_atomically(const std::string& dir_in,
                           const std::function<void(const std::string&)>& write) {
   const std::string dir = strip_slashes(dir_in);
@@ -252,6 +285,7 @@ void write_dir_atomically(const std::string& dir_in,
     remove_tree(tmp);
     throw;
   }
+  remove_stale_siblings(dir);
 }
 
 }  // namespace gpt2p

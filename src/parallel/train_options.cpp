@@ -1,8 +1,10 @@
 #include "gpt2p/parallel/train_options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
+#include <type_traits>
 
 namespace gpt2p::parallel {
 namespace {
@@ -28,7 +30,10 @@ void require(bool ok, const std::string& message) {
 template <class T, class Pred>
 std::function<void(const T&)> allowed(const char* flag, Pred ok, const char* range) {
   return [flag, ok, range](const T& v) {
-    if (ok(v)) return;
+    // inf and nan pass many a range test (inf > 0), and no flag of ours means them.
+    bool finite = true;
+    if constexpr (std::is_floating_point_v<T>) finite = std::isfinite(v);
+    if (finite && ok(v)) return;
     std::ostringstream s;
     s << "--" << flag << " " << v << " is out of range: use " << range;
     throw UsageError(s.str());
@@ -158,11 +163,12 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require(c.lr > 0, "--lr must be positive");
   require(c.max_steps >= 0, "--max-steps must be >= 0");
   require(c.save_every >= -1, "--save-every must be a step count, 0 (every epoch) or -1 (never)");
-  require(c.comm_timeout_s > 0, "--comm-timeout must be positive");
+  require(c.comm_timeout_s > 0 && std::isfinite(c.comm_timeout_s),
+          "--comm-timeout must be a positive finite number of seconds");
   require(c.kernels != model::Kernels::kFused || gpu,
           "--kernels fused runs on CUDA only (pass --device cuda on a CUDA build, or --kernels "
           "reference)");
-  require(c.bucket_mb > 0, "--bucket-mb must be positive");
+  require(c.bucket_mb > 0 && std::isfinite(c.bucket_mb), "--bucket-mb must be a positive finite size");
   require(c.zero == 0 || c.zero == 1, "--zero " + std::to_string(c.zero) + ": use 0 or 1");
   require(c.zero == 0 || program != Program::kDataParallel || c.grad_sync == GradSyncMode::kBucketed,
           "--zero 1 reduce-scatters gradient buckets: it does not combine with --grad-sync "

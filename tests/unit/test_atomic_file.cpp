@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -90,6 +91,29 @@ TEST(AtomicDir, SecondWriteReplacesTheFirstAndLeavesNothingBehind) {
   }
   EXPECT_EQ(slurp(ckpt + "/sub/weights"), "second");
   EXPECT_EQ(dir.entries(), 1) << "no <checkpoint>.old.* or .tmp.* may be left";
+}
+
+// A save killed midway leaves "<checkpoint>.tmp.<pid>"; the next save removes it, but not the
+// temporary of a process that still runs.
+TEST(AtomicDir, ASaveRemovesWhatAKilledSaveLeftButNotALiveOnes) {
+  TempDir dir("atomic_dir_stale");
+  const std::string ckpt = dir / "checkpoint";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);  // reaped: no process has this pid now
+  const std::string stale_tmp = ckpt + ".tmp." + std::to_string(dead);
+  const std::string stale_old = ckpt + ".old." + std::to_string(dead);
+  const std::string live_tmp = ckpt + ".tmp." + std::to_string(::getppid());
+  for (const auto& d : {stale_tmp, stale_old, live_tmp}) {
+    fs::create_directories(d + "/sub");
+    write_text_atomically(d + "/sub/weights", "partial");
+  }
+  write_dir_atomically(ckpt, [&](const std::string& tmp) { write_text_atomically(tmp + "/w", "new"); });
+  EXPECT_FALSE(fs::exists(stale_tmp));
+  EXPECT_FALSE(fs::exists(stale_old));
+  EXPECT_TRUE(fs::exists(live_tmp)) << "another process's save may still be running";
+  EXPECT_EQ(slurp(ckpt + "/w"), "new");
 }
 
 TEST(AtomicDir, FailedWriteKeepsThePreviousDirectory) {

@@ -77,6 +77,8 @@ void replace_dir(const std::string& staged, const std::string& dir);
 // Same, for a whole directory (checkpoints): `write(tmp_dir)` fills a fresh temporary directory,
 // which then replaces `dir` through replace_dir (the previous one is removed only after the new
 // one is in place). On any exception the temporary directory is removed and `dir` is untouched.
+// After a success it also removes "<dir>.tmp.<pid>" and "<dir>.old.<pid>" of processes that no
+// longer run on this host (a save killed midway).
 void write_dir_atomically(const std::string& dir, const std::function<void(const std::string&)>& write);
 
 // fsync of a directory (its entries: created, renamed and removed files). Throws a FileError.
