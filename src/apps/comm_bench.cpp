@@ -287,10 +287,7 @@ int run(const gpt2p::Topology& topo, const BenchConfig& c) {
     // Ranks may share a GPU (comm/gpu_placement.h).
     const auto gpus = gpt2p::comm::place_on_gpus(
         topo, static_cast<int>(torch::cuda::device_count()),
-        [](int i) {
-          return gpt2p::compat::device_bus_id(
-              torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-        },
+        gpt2p::compat::gpu_bus_id,
         gpt2p::kDefaultCommTimeout);
     gpt2p::comm::give_nccl_ranks_own_hosts(gpus, topo.rank);
     options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpus.gpu));

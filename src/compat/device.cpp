@@ -101,6 +101,10 @@ std::string device_bus_id(const torch::Device& device) {
   return "";
 }
 
+std::string gpu_bus_id(int index) {
+  return device_bus_id(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index)));
+}
+
 void set_current_device(const torch::Device& device) {
 #ifdef GPT2P_WITH_CUDA
   if (device.is_cuda()) c10::cuda::set_device(device.index());

@@ -82,7 +82,7 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
   if (!gpu) return p;
   p.gpus = comm::place_on_gpus(
       topo, static_cast<int>(torch::cuda::device_count()),
-      [](int i) { return compat::device_bus_id(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))); },
+      compat::gpu_bus_id,
       timeout);
   p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.gpus.gpu));
   p.backend = cfg.comm == comm::Backend::kMpi ? comm::Backend::kMpi : comm::Backend::kNccl;

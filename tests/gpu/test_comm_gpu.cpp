@@ -53,10 +53,7 @@ CommOptions nccl_options(std::chrono::milliseconds timeout = std::chrono::millis
   const Topology world = query_topology(MPI_COMM_WORLD);
   const GpuPlacement gpus =
       place_on_gpus(world, static_cast<int>(torch::cuda::device_count()),
-                    [](int i) {
-                      return compat::device_bus_id(
-                          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i)));
-                    },
+                    compat::gpu_bus_id,
                     timeout);
   give_nccl_ranks_own_hosts(gpus, world.rank);
   CommOptions options;

@@ -43,7 +43,7 @@ class PipelineGpu : public ::testing::Test {
     const auto topo = query_topology(MPI_COMM_WORLD);
     const auto placement = comm::place_on_gpus(
         topo, gpus,
-        [](int i) { return compat::device_bus_id(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(i))); },
+        compat::gpu_bus_id,
         std::chrono::milliseconds(60000));
     comm::give_nccl_ranks_own_hosts(placement, topo.rank);
     comm::CommOptions options;

@@ -37,6 +37,8 @@ std::string device_name(const torch::Device& device);
 // The GPU's PCI bus id ("0000:1B:00.0"): the same physical GPU gives the same id to every process
 // of a host, whatever each process's CUDA_VISIBLE_DEVICES; "" for the CPU.
 std::string device_bus_id(const torch::Device& device);
+// The PCI bus id of CUDA device `index` of this process, as device_bus_id; "" without CUDA.
+std::string gpu_bus_id(int index);
 // Makes `device` current for this thread (cudaSetDevice); no-op for the CPU.
 void set_current_device(const torch::Device& device);
 // Blocks until the work queued on torch's current stream of `device` is done (no-op on CPU).
