@@ -1,5 +1,7 @@
 #include "gpt2p/core/stop_signal.h"
 
+#include <pthread.h>
+
 #include <csignal>
 #include <string>
 
@@ -37,6 +39,41 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::received() { return g_received; }
+
+std::string StopSignals::reclaim() {
+  std::string taken;
+  const auto note = [&](int signal, const char* what) {
+    taken += std::string(taken.empty() ? "" : ", ") + signal_name(signal) + " (" + what + ")";
+  };
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  pthread_sigmask(SIG_BLOCK, nullptr, &blocked);
+  for (const int signal : {SIGTERM, SIGINT, SIGUSR1}) {
+    struct sigaction now {};
+    sigaction(signal, nullptr, &now);
+    // After the first signal of a kind the handler itself puts SIG_DFL back (a second one ends
+    // the process): that is ours, not a change.
+    const bool ours = (now.sa_flags & SA_SIGINFO) == 0 &&
+                      (now.sa_handler == on_stop_signal ||
+                       (now.sa_handler == SIG_DFL && g_received == signal));
+    if (!ours) {
+      struct sigaction action {};
+      action.sa_handler = on_stop_signal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      sigaction(signal, &action, nullptr);
+      note(signal, "handler replaced");
+    }
+    if (sigismember(&blocked, signal) == 1) {
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, signal);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      note(signal, "blocked");
+    }
+  }
+  return taken;
+}
 
 const char* signal_name(int signal) {
   switch (signal) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -143,6 +144,16 @@ bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
 }
 
 int stop_requested(comm::Communicator& control) {
+  // A library (MPI's, CUDA's, NCCL's threads) may take a stop signal over after the trainer set
+  // its handlers: take it back, once said, so that a stop request is never silently lost.
+  const std::string taken = StopSignals::reclaim();
+  if (!taken.empty()) {
+    std::fprintf(stderr,
+                 "note: rank %d: a library had taken over %s after start-up; the stop "
+                 "handlers are back in place\n",
+                 control.rank(), taken.c_str());
+    std::fflush(stderr);
+  }
   auto flag = torch::tensor({StopSignals::received()}, torch::kInt32);
   if (control.size() > 1) {
     // The largest signal number any rank saw (SIGTERM 15 > SIGINT 2): one agreed answer.

@@ -9,6 +9,8 @@
 // handler can reach nothing else.
 #pragma once
 
+#include <string>
+
 namespace gpt2p {
 
 // Installs the handlers for its lifetime (the previous ones come back on destruction).
@@ -21,6 +23,13 @@ class StopSignals {
 
   // The signal received since construction (SIGTERM, SIGINT or SIGUSR1), or 0.
   static int received();
+
+  // Takes the three signals back where a library changed them after construction: a handler
+  // put in place of ours is replaced by ours again, and a signal blocked in the calling thread
+  // is unblocked there (a signal every thread blocks is never delivered). Returns what was
+  // taken back ("SIGUSR1 (handler replaced)"), or "" when nothing had changed. Call it from
+  // the thread that constructed the object.
+  static std::string reclaim();
 };
 
 // "SIGTERM", "SIGINT", or "signal N".
