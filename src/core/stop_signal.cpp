@@ -15,8 +15,10 @@ struct sigaction g_previous_usr1 {};
 
 extern "C" void on_stop_signal(int signal) {
   g_received = signal;
-  // The next one of the same kind takes the default action: a user can still force an end.
-  std::signal(signal, SIG_DFL);
+  // The next SIGTERM or SIGINT takes the default action: a user can still force an end. SIGUSR1
+  // is a launcher's request, which may reach a rank twice (from mpirun and from the job script):
+  // it stays caught.
+  if (signal != SIGUSR1) std::signal(signal, SIG_DFL);
 }
 
 }  // namespace

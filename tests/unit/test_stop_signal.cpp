@@ -47,6 +47,14 @@ TEST(StopSignals, TheDefaultActionAfterAFirstSignalIsNotAChange) {
   EXPECT_EQ(StopSignals::reclaim(), "");
 }
 
+TEST(StopSignals, ASecondSigusr1IsCaughtToo) {
+  const StopSignals signals;
+  std::raise(SIGUSR1);
+  std::raise(SIGUSR1);  // mpirun's and the job script's: the process lives on
+  EXPECT_EQ(StopSignals::received(), SIGUSR1);
+  EXPECT_EQ(StopSignals::reclaim(), "");
+}
+
 TEST(StopSignals, TheHandlersBeforeComeBackOnDestruction) {
   std::signal(SIGUSR1, SIG_IGN);
   { const StopSignals signals; }

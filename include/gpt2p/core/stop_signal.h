@@ -2,8 +2,10 @@
 // progress, commit a checkpoint, print where it is and exit with kExitStopped (cli/main_guard.h).
 // SIGTERM comes from Slurm's pre-emption and scancel (srun signals the ranks), SIGINT from Ctrl-C
 // on a rank. mpirun itself turns SIGTERM and SIGINT into killing its ranks a second later, but it
-// passes SIGUSR1 on to every rank: `kill -USR1 <mpirun>` stops an mpirun job cleanly. A second
-// signal of the same kind ends the process at once, as without the handler.
+// passes SIGUSR1 on to every rank (Open MPI 4.1.4 does; Ubuntu 24.04's 4.1.6 was seen not to):
+// `kill -USR1 <mpirun>` stops an mpirun job cleanly, and the job scripts also signal the ranks
+// themselves. A second SIGTERM or SIGINT ends the process at once, as without the handler; a
+// second SIGUSR1 changes nothing.
 //
 // The signal number is the one piece of process-wide state besides the MPI runtime: a signal
 // handler can reach nothing else.
