@@ -7,6 +7,7 @@
 set -uo pipefail
 bin=$(cd "$1" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"  # prepare_data finds the vocabulary in .cache/gpt2-vocab, as scripts/setup put it
 tmp=$(mktemp -d)
 trap 'pkill -9 -P $$ 2>/dev/null; rm -rf "$tmp"' EXIT
 data=$root/.cache/data/ding-gpt2.h5
