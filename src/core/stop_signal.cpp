@@ -21,17 +21,21 @@ extern "C" void on_stop_signal(int signal) {
   if (signal != SIGUSR1) std::signal(signal, SIG_DFL);
 }
 
-}  // namespace
-
-StopSignals::StopSignals() {
-  g_received = 0;
+void install(int signal, struct sigaction* previous) {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &action, &g_previous_term);
-  sigaction(SIGINT, &action, &g_previous_int);
-  sigaction(SIGUSR1, &action, &g_previous_usr1);
+  sigaction(signal, &action, previous);
+}
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_received = 0;
+  install(SIGTERM, &g_previous_term);
+  install(SIGINT, &g_previous_int);
+  install(SIGUSR1, &g_previous_usr1);
 }
 
 StopSignals::~StopSignals() {
@@ -59,11 +63,7 @@ std::string StopSignals::reclaim() {
                       (now.sa_handler == on_stop_signal ||
                        (now.sa_handler == SIG_DFL && g_received == signal));
     if (!ours) {
-      struct sigaction action {};
-      action.sa_handler = on_stop_signal;
-      sigemptyset(&action.sa_mask);
-      action.sa_flags = SA_RESTART;
-      sigaction(signal, &action, nullptr);
+      install(signal, nullptr);
       note(signal, "handler replaced");
     }
     if (sigismember(&blocked, signal) == 1) {
