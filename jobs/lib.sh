@@ -51,11 +51,11 @@ job_build() {
 }
 
 # Prints the launch line, then (unless a dry run) runs it with output teed into $RESULTS.
-# Returns the command's exit status (75: a trainer stopped by SIGTERM after its checkpoint).
-# With LAUNCHER=mpirun, a SIGTERM/SIGINT of this shell (sbatch --signal=B:TERM@120) is handed to
-# mpirun as SIGUSR1, and SIGUSR1 goes to the ranks of this node too (mpirun's children): not every
-# Open MPI passes SIGUSR1 on. The trainers take a second SIGUSR1 as the same request. srun's ranks are
-# signalled by Slurm itself (--signal=TERM@120).
+# Returns the command's exit status (75: the trainers stopped after committing a checkpoint).
+# srun's ranks are signalled by Slurm itself (--signal=TERM@120). With LAUNCHER=mpirun the launch
+# goes through gpt2p_launch (scripts/lib.sh): a SIGTERM/SIGINT of this shell (sbatch
+# --signal=B:TERM@120) becomes SIGUSR1 to mpirun and to this node's ranks, and mpirun itself is kept
+# from the signal, which it would answer by killing the ranks a second later.
 job_launch() {
   echo "launch: $*"
   [ "$DRY_RUN" = 1 ] && return 0
@@ -63,30 +63,11 @@ job_launch() {
     "$@" 2>&1 | tee -a "$RESULTS/job.log"
     return "${PIPESTATUS[0]}"
   fi
-  local pid rc=0
-  "$@" > >(tee -a "$RESULTS/job.log") 2>&1 &
-  pid=$!
-  # shellcheck disable=SC2064
-  # mpirun kills its ranks a second after a SIGTERM; SIGUSR1 the trainers take as "checkpoint and
-  # stop", from mpirun (where it passes it on: other nodes' ranks) and from here (this node's).
-  trap "job_stop $pid" TERM INT
-  # A trapped signal ends `wait` early: wait again until the command itself has ended.
-  wait "$pid" || rc=$?
-  while kill -0 "$pid" 2>/dev/null; do rc=0; wait "$pid" || rc=$?; done
-  trap - TERM INT
+  # shellcheck source=../scripts/lib.sh
+  declare -F gpt2p_launch >/dev/null || source "$GPT2P_ROOT/scripts/lib.sh"
+  local rc=0
+  gpt2p_launch "$@" > >(tee -a "$RESULTS/job.log") 2>&1 || rc=$?
   return "$rc"
-}
-
-# SIGUSR1 to mpirun ($1) and to those of its children that are MPI ranks (this node's): never to
-# its other children, such as the tee of the job's log, which the process substitution made a
-# child of mpirun and which SIGUSR1 would end.
-job_stop() {
-  local c
-  kill -USR1 "$1" 2>/dev/null
-  for c in $(pgrep -P "$1"); do
-    grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$c/environ" 2>/dev/null && kill -USR1 "$c" 2>/dev/null
-  done
-  return 0
 }
 
 # "srun" or "mpirun": the launcher words for N ranks, RANKS_PER_NODE per node, one GPU each.

@@ -63,3 +63,85 @@ sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' "${mods[@]}" 2>/dev
 # scripts/setup has installed anything): scripts/python picks the interpreter each time it runs.
 # Set GPT2P_PYTHON to use a particular one.
 export GPT2P_PYTHON=${GPT2P_PYTHON:-$GPT2P_ROOT/scripts/python}
+
+# Launching trainers so that a stop is never lost (scripts/launch, scripts/run, jobs/lib.sh).
+#   gpt2p_launch mpirun -np N build/dp_train ... [--out DIR]
+# Runs the launch line under setsid, without a controlling terminal, so a Ctrl-C at the terminal reaches this shell and
+# not mpirun: Open MPI's mpirun answers a SIGINT/SIGTERM of its own by killing its ranks about a
+# second later (odls_base_sigkill_timeout) and exits 1 whatever they returned. Here the first
+# SIGINT/SIGTERM/SIGHUP becomes SIGUSR1 to mpirun (which passes it on to the ranks of other nodes,
+# where the build forwards it) and to the ranks of this host, which then finish their step, commit a
+# checkpoint and exit 75. A third signal ends the job through mpirun at once (no checkpoint).
+# Returns the launch's exit status; 75 also when mpirun exited otherwise but rank 0 wrote
+# <out>/stopped.json during this launch (mpirun itself was signalled, e.g. by a scheduler, and
+# odls_base_sigkill_timeout gave the ranks the time to commit).
+gpt2p_launch() {
+  local out stamp pid rc=0
+  out=$(gpt2p_launch_out "$@")
+  stamp=$(mktemp "${TMPDIR:-/tmp}/gpt2p-launch.XXXXXX") || return 1
+  # Ranks read nothing from the terminal; without one they must not try.
+  setsid "$@" </dev/null &
+  pid=$!
+  GPT2P_LAUNCH_SIGNALS=0
+  # shellcheck disable=SC2064
+  trap "gpt2p_launch_signal $pid" INT TERM HUP
+  # A trapped signal ends `wait` early: wait again until the launch itself has ended.
+  wait "$pid" || rc=$?
+  while kill -0 "$pid" 2>/dev/null; do rc=0; wait "$pid" || rc=$?; done
+  trap - INT TERM HUP
+  if [ "$rc" != 0 ] && [ "$rc" != 75 ] && [ -n "$out" ] && [ "$out/stopped.json" -nt "$stamp" ]; then
+    echo "launch: the ranks stopped cleanly and committed a checkpoint ($out/stopped.json), then" \
+         "mpirun exited $rc: exit 75" >&2
+    rc=75
+  fi
+  rm -f "$stamp"
+  return "$rc"
+}
+
+# The --out of a trainer's launch line, or its default runs/<program>; empty when neither is there.
+gpt2p_launch_out() {
+  local a prev="" prog=""
+  for a in "$@"; do
+    case "$prev" in --out) echo "$a"; return 0 ;; esac
+    case "$a" in
+      --out=*) echo "${a#--out=}"; return 0 ;;
+      */dp_train | dp_train | */pp_train | pp_train | */gpt2_train | gpt2_train) prog=${a##*/} ;;
+    esac
+    prev=$a
+  done
+  [ -n "$prog" ] && echo "runs/$prog"
+  return 0
+}
+
+# One signal to a launch (gpt2p_launch): the first two become SIGUSR1 (a second is harmless: the
+# trainers take it as the same request), the third SIGTERM to mpirun.
+gpt2p_launch_signal() {
+  GPT2P_LAUNCH_SIGNALS=$((GPT2P_LAUNCH_SIGNALS + 1))
+  if [ "$GPT2P_LAUNCH_SIGNALS" -ge 3 ]; then
+    echo "launch: third signal: ending the job now, without a checkpoint" >&2
+    kill -TERM "$1" 2>/dev/null
+    return 0
+  fi
+  [ "$GPT2P_LAUNCH_SIGNALS" = 1 ] &&
+    echo "launch: stopping: the ranks finish their step, commit a checkpoint and exit 75" \
+         "(a third Ctrl-C ends the job at once, without one)" >&2
+  gpt2p_stop_ranks "$1"
+}
+
+# SIGUSR1 to the launcher process $1 and to the MPI ranks among its descendants (this host's): never
+# to its other descendants, such as a log's tee, which a process substitution makes a child of
+# mpirun and which SIGUSR1 would end.
+gpt2p_stop_ranks() {
+  local p queue=("$1")
+  kill -USR1 "$1" 2>/dev/null
+  while [ ${#queue[@]} -gt 0 ]; do
+    p=${queue[0]}
+    queue=("${queue[@]:1}")
+    # shellcheck disable=SC2207
+    queue+=($(pgrep -P "$p"))
+    [ "$p" = "$1" ] && continue
+    grep -qzE '^(OMPI_COMM_WORLD_RANK|PMI_RANK|PMIX_RANK)=' "/proc/$p/environ" 2>/dev/null &&
+      kill -USR1 "$p" 2>/dev/null
+  done
+  return 0
+}

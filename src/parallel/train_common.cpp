@@ -1,16 +1,24 @@
 #include "gpt2p/parallel/train_common.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/profiler.h"
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/stop_signal.h"
+#include "gpt2p/io/run_info.h"
 
 namespace gpt2p::parallel {
 
@@ -163,14 +171,37 @@ int stop_requested(comm::Communicator& control) {
   return flag.item<int>();
 }
 
-void report_stopped(const char* program, int signal, int64_t step, const std::string& checkpoint,
+void report_stopped(const char* program, int signal, int64_t step, const std::string& out,
                     int rank) {
   if (rank != 0) return;
+  const std::string checkpoint = out + "/checkpoint";
+  const nlohmann::json record{{"program", program},
+                              {"signal", signal_name(signal)},
+                              {"step", step},
+                              {"checkpoint", checkpoint},
+                              {"time", io::utc_timestamp()},
+                              {"pid", static_cast<int64_t>(getpid())}};
+  try {
+    write_text_atomically(out + "/stopped.json", record.dump(1) + "\n");
+  } catch (const std::exception& e) {
+    // The checkpoint is committed all the same: a launcher then reports mpirun's own exit.
+    std::fprintf(stderr, "%s: warning: %s\n", program, e.what());
+  }
   std::printf("%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue "
               "with --resume %s\n",
               program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(),
               checkpoint.c_str());
   std::fflush(stdout);
+}
+
+void clear_stopped(const std::string& out, int rank) {
+  const std::string path = out + "/stopped.json";
+  // Not fatal on one rank alone: a launcher also checks the file is newer than its launch.
+  if (rank == 0 && !remove_tree(path)) {
+    std::fprintf(stderr, "warning: %s: cannot remove the record of an earlier stop: %s -- check "
+                 "the permissions of %s\n", path.c_str(), std::strerror(errno), out.c_str());
+    std::fflush(stderr);
+  }
 }
 
 data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,

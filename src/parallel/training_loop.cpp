@@ -15,6 +15,7 @@ namespace gpt2p::parallel {
 int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
                  const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy) {
   const auto& cfg = ctx.cfg;
+  clear_stopped(cfg.out, setup.rank);
   // One start for all ranks: every rank's times count from here, so stages line up in timelines.
   ctx.comm->barrier();
   const auto run_start = Clock::now();
@@ -33,7 +34,7 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
   double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
   const auto stopped = [&](int signal) {
     recorder.close();
-    report_stopped(setup.program, signal, step, checkpoint, setup.rank);
+    report_stopped(setup.program, signal, step, cfg.out, setup.rank);
     return cli::kExitStopped;
   };
   StepProfiler profiler(cfg, ctx.device, setup.rank, state.step);

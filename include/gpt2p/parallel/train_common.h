@@ -99,9 +99,15 @@ bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
 // so that all ranks stop after the same one; 0 when none. One tiny MPI all_reduce.
 int stop_requested(comm::Communicator& control);
 
-// Rank 0's line after a stop signal: where the checkpoint is and how to resume.
-void report_stopped(const char* program, int signal, int64_t step, const std::string& checkpoint,
+// Rank 0's record of a stop: the line saying where the checkpoint is and how to resume, and
+// <out>/stopped.json, written atomically once the checkpoint is committed. A launcher whose mpirun
+// exits 1 after a signal of its own (Open MPI does, whatever the ranks returned) tells by that
+// file that the ranks stopped cleanly (scripts/launch).
+void report_stopped(const char* program, int signal, int64_t step, const std::string& out,
                     int rank);
+
+// Rank 0 removes a <out>/stopped.json left by an earlier run: the file speaks of one run only.
+void clear_stopped(const std::string& out, int rank);
 
 // The epoch boundary: returns where a resume continues (the next batch of this epoch when the run
 // stopped inside it, else the start of the next epoch), moves `data` to the next epoch and prints
