@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
 #include "gpt2p/comm/communicator.h"
@@ -136,6 +137,26 @@ BenchConfig parse_flags(int argc, char** argv, bool* run) {
     throw UsageError("--dtype '" + dtype + "': use float32 or bfloat16");
   }
   return c;
+}
+
+// The parsed flags, keyed as the flags are named (check_same_config prints "min_bytes" as
+// --min-bytes), with --backend auto resolved: what every rank must agree on before the first
+// collective. "help" only where --help was given, so that a rank printing its usage and leaving
+// is a difference too, not a peer waiting for it.
+nlohmann::json to_json(const BenchConfig& c, bool run) {
+  nlohmann::json j{{"backend", gpt2p::name_string(c.backend)},
+                   {"op", c.all_reduce && c.sendrecv ? "all" : c.all_reduce ? "all_reduce"
+                                                                            : "sendrecv"},
+                   {"min_bytes", c.min_bytes},
+                   {"max_bytes", c.max_bytes},
+                   {"step_factor", c.step_factor},
+                   {"iters", c.iters},
+                   {"warmup", c.warmup},
+                   {"dtype", c.dtype == torch::kBFloat16 ? "bfloat16" : "float32"},
+                   {"json", c.json},
+                   {"json_out", c.json_out}};
+  if (!run) j["help"] = true;
+  return j;
 }
 
 void device_sync(const Communicator& comm) {
@@ -339,7 +360,15 @@ int main(int argc, char** argv) {
   return gpt2p::cli::run_guarded("comm_bench", argc, argv,
                                  [](const gpt2p::Topology& topo, int argc, char** argv) {
                                    bool run_it = true;
-                                   const BenchConfig config = parse_flags(argc, argv, &run_it);
+                                   BenchConfig config;
+                                   // Every rank parses; a bad flag on any rank ends the job with
+                                   // one message and exit 2, as in the trainers.
+                                   gpt2p::cli::on_every_rank(
+                                       [&] { config = parse_flags(argc, argv, &run_it); });
+                                   // Ranks started with different flags (an MPMD launch) would
+                                   // run collectives of different sizes and counts: a hang or an
+                                   // MPI error. They agree first, or all exit 2 naming the flag.
+                                   gpt2p::cli::check_same_config(to_json(config, run_it));
                                    return run_it ? run(topo, config) : 0;
                                  });
 }

@@ -11,6 +11,7 @@
 #include "gpt2p/compat/device.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
@@ -28,11 +29,12 @@ struct EvalOptions {
   gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kCpu;
   gpt2p::model::Precision precision = gpt2p::model::Precision::kFp32;
   int64_t batch_size = 8, max_len = 0, max_examples = 0;
+  bool allow_unverified = false;
 };
 
-GPT2 load_any(const std::string& dir) {
+GPT2 load_any(const std::string& dir, bool allow_unverified) {
   if (gpt2p::model::is_checkpoint_dir(dir)) {
-    GPT2 model = gpt2p::model::load_model(dir);
+    GPT2 model = gpt2p::model::load_model(dir, {allow_unverified});
     GPT2P_CHECK(model->is_full(),
                 "--checkpoint " << dir << " holds only layers [" << model->range().begin << ", "
                                 << model->range().end << ") of the model",
@@ -54,7 +56,9 @@ std::vector<std::vector<int64_t>> read_ids_jsonl(const std::string& path, int64_
   std::string line;
   for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const auto j = gpt2p::io::parse_json(
+        line, path + ":" + std::to_string(line_no),
+        "write one JSON object per line with an \"ids\" array of token ids");
     GPT2P_CHECK(j.is_object() && j.contains("ids") && j["ids"].is_array(),
                 path << ":" << line_no << ": expected {\"ids\": [...]}, got " << line.substr(0, 80),
                 "write one JSON object per line with an \"ids\" array of token ids");
@@ -217,7 +221,10 @@ int main(int argc, char** argv) {
             "device", gpt2p::cli::named_value(o.device, "device"),
             "cpu | cuda (cuda: GPU local_rank; auto: cuda where there is one)")(
             "precision", gpt2p::cli::named_value(o.precision, "precision"),
-            "fp32 only (true fp32: no TF32)");
+            "fp32 only (true fp32: no TF32)")(
+            "allow-unverified-checkpoint", po::bool_switch(&o.allow_unverified),
+            "load a gpt2p checkpoint whose meta.json lists no checksums (refused without it), "
+            "with a warning");
         po::variables_map vm;
         if (!gpt2p::cli::parse_or_help("gpt2_eval", "Loss and perplexity of a GPT-2 checkpoint.",
                                        desc, ac, av, vm)) {
@@ -235,6 +242,15 @@ int main(int argc, char** argv) {
                                        " is not supported: use fp32");
         }
         if (o.batch_size < 1) throw gpt2p::cli::UsageError("--batch-size must be >= 1");
+        if (o.max_len < 0) {
+          throw gpt2p::cli::UsageError("--max-len " + std::to_string(o.max_len) +
+                                       " is out of range: use a length >= 1, or 0 for the "
+                                       "model's n_ctx");
+        }
+        if (o.max_examples < 0) {
+          throw gpt2p::cli::UsageError("--max-examples " + std::to_string(o.max_examples) +
+                                       " is out of range: use a count >= 1, or 0 for all");
+        }
         torch::Device device(torch::kCPU);
         if (o.device == DeviceKind::kCuda) {
           GPT2P_CHECK(torch::cuda::is_available(), "--device cuda but no CUDA device is available",
@@ -243,7 +259,7 @@ int main(int argc, char** argv) {
         }
         gpt2p::compat::set_strict_fp32(true);
         torch::NoGradGuard no_grad;
-        GPT2 model = load_any(o.checkpoint);
+        GPT2 model = load_any(o.checkpoint, o.allow_unverified);
         model->to(device);
         model->eval();
         nlohmann::json out =

@@ -12,6 +12,7 @@
 // moments (sharded over the replicas with --zero 1) plus the activations its schedule keeps, as
 // the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "gpt2p/parallel/train_options.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/compat/device.h"
+#include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/parallel/run_context.h"
@@ -41,6 +43,7 @@ struct Flags {
   double loss_fraction = -1;  // -1: from --data
   int64_t vocab_size = 50260;
   gpt2p::parallel::TrainConfig model;  // preset and overrides, resolved as the trainers resolve them
+  gpt2p::model::GPT2Config config;     // `model` resolved at --seq-len (parse_flags)
   gpt2p::pipeline::PlanSpec spec;
 };
 
@@ -75,6 +78,13 @@ std::string memory_note(const Flags& f, const gpt2p::pipeline::PlanRow& r) {
                                  : "estimated from the shapes (no allocator statistics here)");
 }
 
+// A flag's double as given ("0.5", "nan", "-1"), for messages; std::to_string pads "0.500000".
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
 std::vector<int> parse_list(const std::string& flag, const std::string& text, int min = 1) {
   std::vector<int> out;
   std::stringstream ss(text);
@@ -92,6 +102,57 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text, in
   }
   if (out.empty()) throw UsageError("--" + flag + " is empty: give at least one value, e.g. 4");
   return out;
+}
+
+// Why make_plan gives no row at all for `spec` (its stages P, stages per rank V and micro-batch
+// counts M as make_plan reads them) on n_layer blocks, or "" when it gives some: planner.cpp's
+// conditions, checked before the layer profile (minutes on a GPU) so that a request with nothing
+// to predict is refused with its reason instead of printing an empty table.
+std::string why_no_plan(const gpt2p::pipeline::PlanSpec& spec, int64_t n_layer) {
+  const int n = spec.stages;
+  if (n > n_layer) {
+    return std::to_string(n) + " pipeline ranks but the model has only " +
+           std::to_string(n_layer) + " blocks (every stage needs one)";
+  }
+  std::string why;
+  for (int v : spec.stages_per_rank) {
+    if (v == 1) return "";  // gpipe and 1f1b on any split into n <= n_layer stages
+    std::string reason = "V=" + std::to_string(v) + " stages per rank ";
+    const bool any_m = std::any_of(spec.microbatches.begin(), spec.microbatches.end(),
+                                   [n](int m) { return m % n == 0; });
+    if (n < 2) {
+      reason += "(interleaved 1F1B) needs P >= 2 pipeline ranks, not " + std::to_string(n);
+    } else if (static_cast<int64_t>(n) * v > n_layer) {
+      reason += "needs n_layer >= P x V = " + std::to_string(static_cast<int64_t>(n) * v) +
+                ", the model has " + std::to_string(n_layer);
+    } else if (!any_m) {
+      reason += "needs a micro-batch count M that is a multiple of P = " + std::to_string(n);
+    } else {
+      return "";
+    }
+    why += (why.empty() ? "" : "; ") + reason;
+  }
+  return why;
+}
+
+// --gpus: the spec of D = dp replicas of a P = gpus / dp pipeline, each at the replica's batch with
+// the --microbatches that divide it; `skip` says why the split has no plan ("" when it has one).
+gpt2p::pipeline::PlanSpec hybrid_spec(const Flags& f, int dp, std::string& skip) {
+  gpt2p::pipeline::PlanSpec spec = f.spec;
+  spec.stages = f.gpus / dp;
+  spec.replicas = dp;
+  spec.batch_size = f.spec.batch_size / dp;
+  spec.microbatches.clear();
+  for (int m : f.spec.microbatches) {
+    if (spec.batch_size % m == 0) spec.microbatches.push_back(m);
+  }
+  if (spec.microbatches.empty()) spec.microbatches = {1};
+  if (spec.stages == 1) spec.stages_per_rank = {1};
+  skip = f.spec.batch_size % dp != 0
+             ? "--batch-size " + std::to_string(f.spec.batch_size) + " does not split over " +
+                   std::to_string(dp) + " replicas"
+             : why_no_plan(spec, f.config.n_layer);
+  return spec;
 }
 
 bool parse_flags(int argc, char** argv, Flags& f) {
@@ -143,11 +204,37 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (f.model.preset.empty()) f.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
   s.bf16 = f.precision == gpt2p::model::Precision::kBf16;
   if (s.stages < 1) throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
-  if (s.batch_size < 1 || s.seq_len < 1) throw UsageError("--batch-size and --seq-len must be positive");
+  if (s.batch_size < 1)
+    throw UsageError("--batch-size " + std::to_string(s.batch_size) + ": pass a positive batch");
+  if (s.seq_len < 1)
+    throw UsageError("--seq-len " + std::to_string(s.seq_len) + ": pass a positive length");
   if (s.reps < 1) throw UsageError("--reps must be at least 1");
-  if (s.link_gbs <= 0) throw UsageError("--link-gbs must be positive");
+  // nan and inf pass a plain `<= 0` test and would reach the simulator as transfer times.
+  if (!(std::isfinite(s.link_gbs) && s.link_gbs > 0))
+    throw UsageError("--link-gbs " + number(s.link_gbs) +
+                     ": pass a finite bandwidth > 0 in GB/s, e.g. 250");
   if (f.gpus < 0) throw UsageError("--gpus " + std::to_string(f.gpus) + ": pass a GPU count >= 1");
-  if (f.allreduce_gbs <= 0) throw UsageError("--allreduce-gbs must be positive");
+  if (!(std::isfinite(f.allreduce_gbs) && f.allreduce_gbs > 0))
+    throw UsageError("--allreduce-gbs " + number(f.allreduce_gbs) +
+                     ": pass a finite bandwidth > 0 in GB/s, e.g. 310");
+  // The model overrides: a value <= 0 inside TrainConfig means "the preset's", so one given on the
+  // command line is checked here, or --n-layer 0 would silently time the preset's model.
+  const std::pair<const char*, int> overrides[] = {
+      {"n-layer", f.model.n_layer}, {"n-embd", f.model.n_embd}, {"n-head", f.model.n_head}};
+  for (const auto& [flag, value] : overrides) {
+    if (vm.count(flag) && value < 1)
+      throw UsageError("--" + std::string(flag) + " " + std::to_string(value) +
+                       ": pass a value >= 1, or leave the flag out for the preset's");
+  }
+  if (vm.count("dropout") && !(f.model.dropout >= 0 && f.model.dropout < 1))
+    throw UsageError("--dropout " + number(f.model.dropout) +
+                     ": pass a probability in [0, 1), or leave the flag out for the preset's");
+  if (f.vocab_size < 1)
+    throw UsageError("--vocab-size " + std::to_string(f.vocab_size) +
+                     ": pass a token count >= 1, e.g. 50260");
+  if (f.max_train_pairs < 0)
+    throw UsageError("--max-train-pairs " + std::to_string(f.max_train_pairs) +
+                     ": pass a pair count >= 0 (0 = all)");
   if (s.zero != 0 && s.zero != 1)
     throw UsageError("--zero " + std::to_string(s.zero) + ": pass 0 or 1");
   if (vm.count("loss-fraction") && !(f.loss_fraction > 0 && f.loss_fraction <= 1))
@@ -156,6 +243,42 @@ bool parse_flags(int argc, char** argv, Flags& f) {
     if (f.gpus == 0 && s.batch_size % m != 0)
       throw UsageError("--microbatches: " + std::to_string(m) + " does not divide --batch-size " +
                        std::to_string(s.batch_size) + "; drop it or change the batch");
+  }
+  // The model as the trainers build it; a bad --preset or n_embd not divisible by n_head is a
+  // usage error here, not a runtime one after the data file was read.
+  gpt2p::parallel::TrainConfig model = f.model;
+  model.seq_len = s.seq_len;
+  try {
+    f.config = gpt2p::parallel::model_config_for(model, f.vocab_size);
+  } catch (const gpt2p::Error& e) {
+    throw UsageError(e.what_happened() + " -- fix: " + e.hint());
+  }
+  // A request with nothing to predict, refused before the layer profile runs.
+  if (f.gpus == 0) {
+    if (s.stages > f.config.n_layer)
+      throw UsageError("--stages " + std::to_string(s.stages) + ": more pipeline stages than " +
+                       "the model's " + std::to_string(f.config.n_layer) + " blocks -- fix: " +
+                       "pass --stages <= " + std::to_string(f.config.n_layer) +
+                       " or a larger --n-layer");
+    const std::string why = why_no_plan(s, f.config.n_layer);
+    if (!why.empty())
+      throw UsageError("--stages " + std::to_string(s.stages) + " --stages-per-rank " + vs +
+                       ": no plan fits: " + why + " -- fix: add 1 to --stages-per-rank, or " +
+                       "change --stages, --microbatches or --n-layer to fit");
+  } else {
+    std::string why;
+    for (int dp = 1; dp <= f.gpus; ++dp) {
+      if (f.gpus % dp != 0) continue;
+      std::string skip;
+      hybrid_spec(f, dp, skip);
+      if (skip.empty()) return true;
+      why += (why.empty() ? "" : "; ") + std::string("D=") + std::to_string(dp) + " x P=" +
+             std::to_string(f.gpus / dp) + ": " + skip;
+    }
+    throw UsageError("--gpus " + std::to_string(f.gpus) + ": no D x P split fits the other " +
+                     "flags: " + why + " -- fix: pass a --gpus with a D that divides " +
+                     "--batch-size and P <= n_layer, or change --batch-size, --n-layer or " +
+                     "--stages-per-rank");
   }
   return true;
 }
@@ -217,22 +340,12 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
   for (int dp = 1; dp <= f.gpus; ++dp) {
     if (f.gpus % dp != 0) continue;
     const int pp = f.gpus / dp;
-    if (f.spec.batch_size % dp != 0 || pp > config.n_layer) {
-      std::printf("# D=%d x P=%d: skipped (%s)\n", dp, pp,
-                  f.spec.batch_size % dp != 0 ? "the batch does not split over D"
-                                              : "more pipeline ranks than blocks");
+    std::string skip;
+    const pl::PlanSpec spec = hybrid_spec(f, dp, skip);
+    if (!skip.empty()) {
+      std::printf("# D=%d x P=%d: skipped (%s)\n", dp, pp, skip.c_str());
       continue;
     }
-    pl::PlanSpec spec = f.spec;
-    spec.stages = pp;
-    spec.replicas = dp;
-    spec.batch_size = f.spec.batch_size / dp;
-    spec.microbatches.clear();
-    for (int m : f.spec.microbatches) {
-      if (spec.batch_size % m == 0) spec.microbatches.push_back(m);
-    }
-    if (spec.microbatches.empty()) spec.microbatches = {1};
-    if (pp == 1) spec.stages_per_rank = {1};
     const pl::Plan plan = pl::make_plan(config, spec, device);
     const pl::PlanRow* best = nullptr;
     for (const auto& r : plan.rows) {
@@ -243,6 +356,9 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
     const double allreduce = dp == 1 ? 0.0 : 2.0 * (dp - 1) / dp * bytes / (f.allreduce_gbs * 1e9);
     picks.push_back({dp, pp, *best, allreduce, best->step_s + allreduce});
   }
+  // parse_flags refused a --gpus without a split that has a plan; this is only a safety net.
+  GPT2P_CHECK(!picks.empty(), "pp_plan: no D x P split of " << f.gpus << " GPUs gave a plan",
+              "change --gpus, --batch-size or --stages-per-rank");
   std::sort(picks.begin(), picks.end(),
             [](const Pick& a, const Pick& b) { return a.step_s < b.step_s; });
   const double tokens = static_cast<double>(f.spec.batch_size * f.spec.seq_len);
@@ -290,15 +406,13 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
                        {"zero", f.spec.zero},           {"hybrid", rows}};
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }
-  return picks.empty() ? 1 : 0;
+  return 0;
 }
 
 int run(Flags f) {
   namespace pl = gpt2p::pipeline;
   f.spec.loss_fraction = loss_fraction(f);
-  gpt2p::parallel::TrainConfig model = f.model;
-  model.seq_len = f.spec.seq_len;
-  const auto config = gpt2p::parallel::model_config_for(model, f.vocab_size);
+  const auto& config = f.config;
   const c10::Device device = f.device == gpt2p::parallel::DeviceKind::kCuda
                                  ? c10::Device(c10::kCUDA, 0)
                                  : c10::Device(c10::kCPU);
@@ -306,6 +420,9 @@ int run(Flags f) {
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
   if (f.gpus > 0) return run_hybrid(f, config, device);
   const pl::Plan plan = pl::make_plan(config, f.spec, device);
+  // parse_flags refused the requests without rows; this is only a safety net.
+  GPT2P_CHECK(!plan.rows.empty(), "pp_plan: no plan for --stages " << f.spec.stages,
+              "change --stages, --stages-per-rank or --microbatches");
 
   std::printf("# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
               gpt2p::model::describe(config).c_str(), f.spec.stages,

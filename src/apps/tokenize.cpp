@@ -11,6 +11,7 @@
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 
 namespace {
@@ -22,13 +23,9 @@ std::string default_vocab_dir() {
 
 // The value of `key` in a JSON-object line, with errors naming the line.
 nlohmann::json field(const std::string& line, long line_no, const char* key) {
-  nlohmann::json obj;
-  try {
-    obj = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL("stdin line " << line_no << " is not valid JSON: " << e.what(),
-               "write one JSON object per line, e.g. {\"" << key << "\": ...}");
-  }
+  const nlohmann::json obj =
+      gpt2p::io::parse_json(line, "stdin line " + std::to_string(line_no),
+                            std::string("write one JSON object per line, e.g. {\"") + key + "\": ...}");
   GPT2P_CHECK(obj.is_object() && obj.contains(key),
               "stdin line " << line_no << " has no \"" << key << "\" field",
               "write one JSON object per line, e.g. {\"" << key << "\": ...}");

@@ -9,6 +9,7 @@
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 
 namespace gpt2p::cli {
 namespace {
@@ -74,7 +75,8 @@ void check_same_config(const nlohmann::json& config, std::chrono::milliseconds t
       [&] {
         if (rank == 0) return;
         const auto difference =
-            describe_config_difference(config, nlohmann::json::parse(reference), 0);
+            describe_config_difference(
+                config, io::parse_json(reference, "rank 0's configuration", "start every rank with the same build"), 0);
         if (difference.empty()) return;
         throw UsageError("ranks run different configurations: rank " + std::to_string(rank) +
                          " was started with " + difference +

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 #include "gpt2p/data/byte_unicode.h"
 
 namespace gpt2p::data {
@@ -214,13 +215,8 @@ BpeTokenizer BpeTokenizer::from_dir(const std::string& dir) {
   auto vocab = std::make_shared<Vocab>();
   Fnv1a64 hash;
 
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(read_file(vocab_path));
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL(vocab_path.string() << " is not valid JSON: " << e.what(),
-               "restore the file (scripts/setup fetches GPT-2's encoder.json)");
-  }
+  const nlohmann::json json = io::read_json_file(
+      vocab_path.string(), "restore the file (scripts/setup fetches GPT-2's encoder.json)");
   GPT2P_CHECK(json.is_object() && !json.empty(),
               vocab_path.string() << " must be a non-empty JSON object {token: id}",
               "restore the file (scripts/setup fetches GPT-2's encoder.json)");

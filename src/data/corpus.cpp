@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 
 namespace gpt2p::data {
 
@@ -106,13 +107,8 @@ std::vector<SentencePair> read_jsonl(const std::string& path) {
   while (std::getline(in, line)) {
     ++line_no;
     if (normalize_whitespace(line).empty()) continue;
-    nlohmann::json row;
-    try {
-      row = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      GPT2P_FAIL(path << ":" << line_no << ": not valid JSON: " << e.what(),
-                 "each line must be one JSON object (JSON Lines)");
-    }
+    const nlohmann::json row = io::parse_json(line, path + ":" + std::to_string(line_no),
+                                              "each line must be one JSON object (JSON Lines)");
     const bool ok = row.is_object() && row.contains("translation") &&
                     row["translation"].is_object() && row["translation"].contains("de") &&
                     row["translation"].contains("en") && row["translation"]["de"].is_string() &&

@@ -1,6 +1,7 @@
 #include "gpt2p/data/dataset_file.h"
 
 #include <H5Cpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <ctime>
@@ -75,7 +76,12 @@ Split Split::from_arrays(std::vector<int32_t> tokens, std::vector<int64_t> offse
                     << " but there are " << tokens.size() << " tokens",
               hint);
   for (size_t i = 0; i < n; ++i) {
-    GPT2P_CHECK(src_lengths[i] >= 0 && offsets[i] + src_lengths[i] <= offsets[i + 1],
+    // Differences only: offsets near INT64_MAX must not overflow the check.
+    GPT2P_CHECK(offsets[i] <= offsets[i + 1],
+                where << ": offsets go backwards at example " << i << " (" << offsets[i] << " then "
+                      << offsets[i + 1] << ")",
+                hint);
+    GPT2P_CHECK(src_lengths[i] >= 0 && src_lengths[i] <= offsets[i + 1] - offsets[i],
                 where << ": example " << i << " has src length " << src_lengths[i] << " but only "
                       << offsets[i + 1] - offsets[i] << " tokens",
                 hint);
@@ -134,6 +140,9 @@ std::string get_str_attr(const H5::H5Object& obj, const char* name, const std::s
               "the file was not written by prepare_data (or by an older version): rerun "
               "prepare_data");
   H5::Attribute a = obj.openAttribute(name);
+  GPT2P_CHECK(a.getTypeClass() == H5T_STRING && a.getSpace().getSimpleExtentNpoints() == 1,
+              where << ": attribute '" << name << "' is not one string",
+              "the file is damaged: rerun prepare_data");
   std::string value;
   a.read(a.getStrType(), value);
   return value;
@@ -143,8 +152,14 @@ int64_t get_int_attr(const H5::H5Object& obj, const char* name, const std::strin
   GPT2P_CHECK(obj.attrExists(name), where << " has no attribute '" << name << "'",
               "the file was not written by prepare_data (or by an older version): rerun "
               "prepare_data");
+  H5::Attribute a = obj.openAttribute(name);
+  // One integer: reading a longer one into `value` would write past it.
+  GPT2P_CHECK(a.getTypeClass() == H5T_INTEGER && a.getSpace().getSimpleExtentNpoints() == 1 &&
+                  a.getDataType().getSize() <= sizeof(int64_t),
+              where << ": attribute '" << name << "' is not one integer",
+              "the file is damaged: rerun prepare_data");
   int64_t value = 0;
-  obj.openAttribute(name).read(H5::PredType::NATIVE_INT64, &value);
+  a.read(H5::PredType::NATIVE_INT64, &value);
   return value;
 }
 
@@ -156,6 +171,19 @@ H5::DataSet open_1d(const H5::Group& g, const char* name, const std::string& whe
   GPT2P_CHECK(space.getSimpleExtentNdims() == 1, where << "/" << name << " is not 1-D",
               "rerun prepare_data to rebuild the dataset file");
   space.getSimpleExtentDims(&n);
+  // No more elements than the file can hold (a damaged header may claim any number, and the
+  // reader allocates them first). prepare_data compresses nothing; 64 per byte of file leaves room
+  // for any file that is not damaged.
+  hsize_t file_size = 0;
+  const hid_t file = H5Iget_file_id(g.getId());
+  if (file >= 0) {
+    H5Fget_filesize(file, &file_size);
+    H5Fclose(file);
+  }
+  GPT2P_CHECK(n <= file_size * 64,
+              where << "/" << name << " claims " << n << " elements, more than the file of "
+                    << file_size << " bytes can hold",
+              "the file is damaged: rerun prepare_data");
   return ds;
 }
 
@@ -164,6 +192,15 @@ std::vector<T> read_array(const H5::Group& g, const char* name, const H5::PredTy
                           const std::string& where) {
   hsize_t n = 0;
   H5::DataSet ds = open_1d(g, name, where, n);
+  // Integers of at most T's width: HDF5 would otherwise convert float ids, or clip wide ones,
+  // without a word.
+  const H5::DataType type = ds.getDataType();
+  GPT2P_CHECK(type.getClass() == H5T_INTEGER && type.getSize() <= sizeof(T),
+              where << "/" << name << " holds "
+                    << (type.getClass() == H5T_INTEGER ? "integers" : "values that are not integers")
+                    << " of " << type.getSize() << " bytes; a gpt2p dataset stores "
+                    << sizeof(T) << "-byte integers there",
+              "rerun prepare_data to rebuild the dataset file");
   std::vector<T> v(n);
   if (n > 0) ds.read(v.data(), mem_type);
   return v;
@@ -173,6 +210,9 @@ std::vector<std::string> read_strings(const H5::Group& g, const char* name,
                                       const std::string& where) {
   hsize_t n = 0;
   H5::DataSet ds = open_1d(g, name, where, n);
+  GPT2P_CHECK(ds.getTypeClass() == H5T_STRING,
+              where << "/" << name << " does not hold strings",
+              "the file is damaged: rerun prepare_data");
   std::vector<std::string> out;
   if (n == 0) return out;
   std::vector<char*> ptrs(n, nullptr);
@@ -224,33 +264,52 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
                 "pass all of train, validation, test (an empty Split is fine)");
   }
   H5::Exception::dontPrint();  // errors are reported through gpt2p::Error instead
-  write_atomically(path, [&](const std::string& tmp) {
-    try {
-      H5::H5File file(tmp, H5F_ACC_TRUNC);
-      set_attr(file, "format", std::string(kDatasetFormat));
-      set_attr(file, "tokenizer_identity", meta.tokenizer_identity);
-      set_attr(file, "vocab_size", static_cast<int64_t>(meta.vocab_size));
-      set_attr(file, "eos_de_id", static_cast<int64_t>(meta.special.eos_de));
-      set_attr(file, "eos_en_id", static_cast<int64_t>(meta.special.eos_en));
-      set_attr(file, "pad_id", static_cast<int64_t>(meta.special.pad));
-      set_attr(file, "source", meta.source);
-      set_attr(file, "created", meta.created.empty() ? utc_now() : meta.created);
-      for (const auto& name : split_names()) {
-        const Split& s = splits.at(name);
-        set_attr(file, ("n_" + name).c_str(), s.size());
-        H5::Group g = file.createGroup("/" + name);
-        write_array(g, "tokens", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, s.tokens());
-        write_array(g, "offsets", H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64, s.offsets());
-        write_array(g, "src_lengths", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32,
-                    s.src_lengths());
-        write_strings(g, "text_de", s.texts_de());
-        write_strings(g, "text_en", s.texts_en());
-      }
-    } catch (const H5::Exception& e) {
-      GPT2P_FAIL("writing dataset file " << tmp << " failed: " << e.getDetailMsg(),
-                 "check that the directory is writable and has free space");
+  // The file is built in memory (the core driver without a backing store) and its image written
+  // by write_bytes_atomically. Written by HDF5 itself, a full disk fails H5Fclose's flush, and
+  // HDF5 1.10 then leaves the freed file in its ID table: H5close at exit dereferences it
+  // (SIGSEGV after our error line; fixed upstream in HDFGroup/hdf5#2291). In memory no HDF5 call
+  // touches the disk, and every write of the image is checked (ENOSPC: a FileError saying so).
+  std::string image;
+  try {
+    H5::FileAccPropList in_memory;
+    in_memory.setCore(size_t{1} << 20, false);  // grow by 1 MiB, no backing file
+    // Only a name for HDF5: one that does not exist, since HDF5 first tries to open an existing
+    // file of that name (the core driver would read it into memory).
+    const std::string h5_name = path + ".in-memory." + std::to_string(::getpid());
+    H5::H5File file(h5_name, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, in_memory);
+    set_attr(file, "format", std::string(kDatasetFormat));
+    set_attr(file, "tokenizer_identity", meta.tokenizer_identity);
+    set_attr(file, "vocab_size", static_cast<int64_t>(meta.vocab_size));
+    set_attr(file, "eos_de_id", static_cast<int64_t>(meta.special.eos_de));
+    set_attr(file, "eos_en_id", static_cast<int64_t>(meta.special.eos_en));
+    set_attr(file, "pad_id", static_cast<int64_t>(meta.special.pad));
+    set_attr(file, "source", meta.source);
+    set_attr(file, "created", meta.created.empty() ? utc_now() : meta.created);
+    for (const auto& name : split_names()) {
+      const Split& s = splits.at(name);
+      set_attr(file, ("n_" + name).c_str(), s.size());
+      H5::Group g = file.createGroup("/" + name);
+      write_array(g, "tokens", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32, s.tokens());
+      write_array(g, "offsets", H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64, s.offsets());
+      write_array(g, "src_lengths", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32,
+                  s.src_lengths());
+      write_strings(g, "text_de", s.texts_de());
+      write_strings(g, "text_en", s.texts_en());
     }
-  });
+    file.flush(H5F_SCOPE_GLOBAL);
+    const ssize_t size = H5Fget_file_image(file.getId(), nullptr, 0);
+    if (size > 0) {
+      image.resize(static_cast<size_t>(size));
+      if (H5Fget_file_image(file.getId(), image.data(), image.size()) != size) image.clear();
+    }
+  } catch (const H5::Exception& e) {
+    GPT2P_FAIL("building dataset file " << path << " in memory failed: " << e.getDetailMsg(),
+               "check that the machine has free memory for the dataset");
+  }
+  GPT2P_CHECK(!image.empty(), "building dataset file " << path << " in memory failed: HDF5 gave "
+                                                          "no file image",
+              "check that the machine has free memory for the dataset");
+  write_bytes_atomically(path, image);
 }
 
 DatasetFile DatasetFile::open(const std::string& path) {

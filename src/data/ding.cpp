@@ -71,6 +71,9 @@ class Regex {
 };
 
 // Innermost bracket groups; applied until nothing changes, which also removes nested ones.
+// Lines longer than this are counted as malformed (see parse_ding_line).
+constexpr size_t kMaxLineBytes = 16 * 1024;
+
 const Regex& brackets() {
   static const Regex re(R"(\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)|<[^<>]*>)");
   return re;
@@ -180,7 +183,9 @@ std::vector<SentencePair> parse_ding_line(std::string_view line, const DingOptio
     return out;
   }
   const size_t sep = line.find(" :: ");
-  if (sep == std::string_view::npos) {
+  // Stripping nested brackets takes one pass per level: a line far longer than any of the
+  // dictionary's (under 10 kB) is damage, not an entry, and would take minutes.
+  if (sep == std::string_view::npos || line.size() > kMaxLineBytes) {
     ++stats.malformed_lines;
     return out;
   }

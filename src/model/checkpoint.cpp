@@ -8,11 +8,12 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <set>
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 #include "gpt2p/model/safetensors.h"
 
 namespace gpt2p::model {
@@ -78,41 +79,43 @@ struct Checksum {
   nlohmann::json to_json() const { return {{"bytes", bytes}, {"crc32", hex()}}; }
 };
 
+// A regular file only: a symbolic link to /dev/zero would otherwise be read until memory ran out.
 std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  GPT2P_CHECK(in.good(), "cannot open " << path << ": " << std::strerror(errno),
-              "check that the checkpoint is complete and readable");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  GPT2P_CHECK(!in.bad(), "reading " << path << " failed: " << std::strerror(errno),
-              "check the disk and that the file is readable");
-  return bytes;
+  return io::read_bounded_file(path, "check that the checkpoint is complete and readable",
+                               std::numeric_limits<size_t>::max());
 }
 
 nlohmann::json read_meta(const std::string& dir) {
   const std::string path = (fs::path(dir) / kMetaFile).string();
-  std::ifstream in(path);
-  GPT2P_CHECK(in.good(), "checkpoint " << dir << " has no " << kMetaFile,
+  GPT2P_CHECK(fs::exists(path), "checkpoint " << dir << " has no " << kMetaFile,
               "pass a directory written by save_checkpoint (or a Hugging Face directory where "
               "one is accepted)");
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL(path << " is not valid JSON: " << e.what(), kCorruptFix);
-  }
+  const nlohmann::json meta = io::read_json_file(path, kCorruptFix);
   GPT2P_CHECK(
-      meta.is_object() && meta.value("format", "") == kFormat,
+      meta.is_object() && meta.contains("format") && meta["format"] == kFormat,
       path << " is not a gpt2p checkpoint (format "
-           << (meta.is_object() ? meta.value("format", "<none>") : "<none>") << ")",
+           << (meta.is_object() && meta.contains("format") ? meta["format"].dump() : "<none>")
+           << ")",
       "pass a directory written by save_checkpoint");
   return meta;
 }
 
-// Checks `bytes` (the content of dir/name) against meta.json's "files" entry; nothing to check
-// when meta.json has no "files" (older checkpoints).
+// Checks `bytes` (the content of dir/name) against meta.json's "files" entry. Without "files" the
+// file cannot be checked: refused, or (allow_unverified) loaded with a warning.
 void verify_file(const nlohmann::json& meta, const std::string& dir, const std::string& name,
-                 const std::string& bytes) {
-  if (!meta.contains("files")) return;
+                 const std::string& bytes, const LoadOptions& options) {
+  if (!meta.contains("files")) {
+    GPT2P_CHECK(options.allow_unverified,
+                "checkpoint " << dir << ": " << kMetaFile
+                              << " lists no checksums (\"files\"), so " << name
+                              << " cannot be verified",
+                "use a checkpoint this version wrote, or pass --allow-unverified-checkpoint to "
+                "load it unchecked");
+    std::fprintf(stderr, "warning: checkpoint %s: %s lists no checksums; %s is loaded unverified "
+                 "(--allow-unverified-checkpoint)\n", dir.c_str(), kMetaFile, name.c_str());
+    std::fflush(stderr);
+    return;
+  }
   const auto& files = meta.at("files");
   const std::string path = (fs::path(dir) / name).string();
   GPT2P_CHECK(files.is_object() && files.contains(name),
@@ -145,7 +148,8 @@ std::string torch_message(const std::exception& e) {
   return nl == std::string::npos ? msg : msg.substr(0, nl);
 }
 
-// Throws when a parameter or an optimizer state tensor holds NaN or Inf.
+// Throws when a parameter or an optimizer state tensor holds NaN or Inf, or a parameter has grown
+// past kDivergedMagnitude: a diverged run, whose checkpoint must not replace the last good one.
 void check_finite(const std::string& dir, const GPT2Impl& model,
                   const torch::optim::Optimizer* optimizer, int64_t step) {
   const std::string kept = fs::exists(dir) ? "the last good checkpoint in " + dir + " is kept"
@@ -160,6 +164,14 @@ void check_finite(const std::string& dir, const GPT2Impl& model,
     GPT2P_CHECK(finite(item.value()),
                 "not saving: parameters are not finite at step "
                     << step << " ('" << item.key() << "' holds NaN or Inf; " << kept << ")",
+                fix);
+    const auto& t = item.value();
+    if (!t.defined() || t.numel() == 0 || !t.is_floating_point()) continue;
+    const double largest = t.detach().abs().max().item<double>();
+    GPT2P_CHECK(largest <= kDivergedMagnitude,
+                "not saving: the run has diverged by step "
+                    << step << " ('" << item.key() << "' holds a value of magnitude " << largest
+                    << ", over " << kDivergedMagnitude << "; " << kept << ")",
                 fix);
   }
   if (optimizer == nullptr) return;
@@ -179,6 +191,19 @@ void check_finite(const std::string& dir, const GPT2Impl& model,
                       << step << " (" << kept << ")",
                   fix);
     }
+  }
+}
+
+// Every parameter of the model, checked right after a load: `path` is the file it came from.
+void check_loaded_finite(const GPT2Impl& model, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    const auto& t = item.value();
+    if (!t.defined() || t.numel() == 0 || !t.is_floating_point()) continue;
+    GPT2P_CHECK(torch::isfinite(t).all().item<bool>(),
+                path << ": parameter '" << item.key() << "' holds NaN or Inf",
+                "the file was written by a run that had diverged or was damaged; load an "
+                "earlier checkpoint");
   }
 }
 
@@ -285,14 +310,14 @@ void save_checkpoint(const std::string& dir, const GPT2Impl& model,
 }
 
 TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
-                           torch::optim::Optimizer* optimizer) {
+                           torch::optim::Optimizer* optimizer, const LoadOptions& options) {
   const TrainState state = read_train_state(dir);
   const auto meta = read_meta(dir);
   const std::string model_path = (fs::path(dir) / kModelFile).string();
   SafeTensors file;
   {
     const std::string bytes = read_file_bytes(model_path);
-    verify_file(meta, dir, kModelFile, bytes);
+    verify_file(meta, dir, kModelFile, bytes, options);
     file = parse_safetensors(bytes.data(), bytes.size(), model_path);
   }
   std::set<std::string> used;
@@ -317,6 +342,7 @@ TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
       used.insert(item.key());
     }
   }
+  check_loaded_finite(model, model_path);
   // A stage may take its layers from a bigger checkpoint; a full model must use every tensor.
   for (const auto& [name, t] : file.tensors) {
     GPT2P_CHECK(!model.is_full() || used.count(name) != 0U,
@@ -330,7 +356,7 @@ TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
     GPT2P_CHECK(fs::exists(path), "checkpoint " << dir << " has no optimizer state " << path,
                 "it was saved without an optimizer: pass a null optimizer to load only weights");
     const std::string bytes = read_file_bytes(path);
-    verify_file(meta, dir, kOptimizerFile, bytes);
+    verify_file(meta, dir, kOptimizerFile, bytes, options);
     torch::serialize::InputArchive archive;
     try {
       archive.load_from(bytes.data(), bytes.size());
@@ -354,9 +380,12 @@ TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
   return state;
 }
 
-void verify_checkpoint(const std::string& dir) {
+void verify_checkpoint(const std::string& dir, const LoadOptions& options) {
   const auto meta = read_meta(dir);
-  if (!meta.contains("files")) return;
+  if (!meta.contains("files")) {
+    verify_file(meta, dir, kModelFile, "", options);  // refused, or a warning
+    return;
+  }
   GPT2P_CHECK(meta.at("files").is_object(),
               "checkpoint " << dir << ": \"files\" in " << kMetaFile << " is not an object",
               kCorruptFix);
@@ -365,16 +394,19 @@ void verify_checkpoint(const std::string& dir) {
                 "checkpoint " << dir << ": " << kMetaFile << " lists a file '" << name
                               << "' outside the checkpoint",
                 kCorruptFix);
-    verify_file(meta, dir, name, read_file_bytes((fs::path(dir) / name).string()));
+    verify_file(meta, dir, name, read_file_bytes((fs::path(dir) / name).string()), options);
   }
 }
 
 bool is_checkpoint_dir(const std::string& dir) {
   const fs::path path = fs::path(dir) / kMetaFile;
   if (!fs::is_regular_file(path)) return false;
-  std::ifstream in(path);
-  const auto meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return meta.is_object() && meta.value("format", "") == kFormat;
+  try {
+    const auto meta = io::read_json_file(path.string(), kCorruptFix);
+    return meta.is_object() && meta.contains("format") && meta["format"] == kFormat;
+  } catch (const Error&) {
+    return false;  // what reads it next says what is wrong with it
+  }
 }
 
 GPT2Config checkpoint_config(const std::string& dir) {
@@ -389,10 +421,23 @@ LayerRange checkpoint_range(const std::string& dir) {
 TrainState read_train_state(const std::string& dir) {
   const auto meta = read_meta(dir);
   TrainState s;
+  const std::string path = (fs::path(dir) / kMetaFile).string();
+  // A count of steps, epochs or batches: an integer >= 0.
+  const auto count = [&](const char* key) {
+    GPT2P_CHECK(meta.contains(key), path << ": no \"" << key << "\"", kCorruptFix);
+    const auto& v = meta.at(key);
+    GPT2P_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+                path << ": \"" << key << "\" is " << v.dump() << ", not a count >= 0",
+                kCorruptFix);
+    GPT2P_CHECK(v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                path << ": \"" << key << "\" is " << v.dump() << ", past any run's length",
+                kCorruptFix);
+    return v.get<int64_t>();
+  };
+  s.step = count("step");
+  s.epoch = count("epoch");
+  s.batch_in_epoch = count("batch_in_epoch");
   try {
-    s.step = meta.at("step").get<int64_t>();
-    s.epoch = meta.at("epoch").get<int64_t>();
-    s.batch_in_epoch = meta.at("batch_in_epoch").get<int64_t>();
     s.seed = meta.at("seed").get<uint64_t>();
     s.rng_state = from_hex(meta.at("rng_state").get<std::string>(), dir, "rng_state");
     if (meta.contains("rank_rng_states")) {
@@ -410,9 +455,9 @@ TrainState read_train_state(const std::string& dir) {
   return s;
 }
 
-GPT2 load_model(const std::string& dir) {
+GPT2 load_model(const std::string& dir, const LoadOptions& options) {
   GPT2 model(checkpoint_config(dir), checkpoint_range(dir));
-  load_checkpoint(dir, *model, nullptr);
+  load_checkpoint(dir, *model, nullptr, options);
   return model;
 }
 
@@ -428,20 +473,17 @@ void write_checkpoint_manifest(const std::string& dir, const nlohmann::json& man
 
 nlohmann::json read_checkpoint_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kManifestFile).string();
-  std::ifstream in(path);
-  GPT2P_CHECK(in.good(),
+  GPT2P_CHECK(fs::exists(path),
               dir << " is not a committed checkpoint (no " << kManifestFile
                   << "): it was interrupted while being written",
               "resume from the previous one");
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL(path << " is not valid JSON: " << e.what(), kCorruptFix);
-  }
-  GPT2P_CHECK(manifest.is_object() && manifest.value("format", "") == kSetFormat,
+  const nlohmann::json manifest = io::read_json_file(path, kCorruptFix);
+  GPT2P_CHECK(manifest.is_object() && manifest.contains("format") &&
+                  manifest["format"] == kSetFormat,
               path << " is not a gpt2p checkpoint manifest (format "
-                   << (manifest.is_object() ? manifest.value("format", "<none>") : "<none>")
+                   << (manifest.is_object() && manifest.contains("format")
+                           ? manifest["format"].dump()
+                           : "<none>")
                    << ")",
               "pass the root directory of a multi-part checkpoint");
   return manifest;

@@ -3,9 +3,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 #include "gpt2p/model/safetensors.h"
 
 namespace gpt2p::model {
@@ -27,13 +29,17 @@ bool is_conv1d_weight(const std::string& name) {
 }
 
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  GPT2P_CHECK(in.good(), "cannot open " << path, "check the checkpoint directory");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL(path << " is not valid JSON: " << e.what(), "fix or re-create the file");
-  }
+  auto j = io::read_json_file(path, "fix or re-create the file (a GPT-2 checkpoint's config.json)");
+  GPT2P_CHECK(j.is_object(), path << " is " << io::json_type_name(j) << ", not a JSON object",
+              "fix or re-create the file (a GPT-2 checkpoint's config.json)");
+  return j;
+}
+
+double hf_float(const nlohmann::json& j, const char* key, const std::string& path) {
+  GPT2P_CHECK(j[key].is_number(), path << ": field '" << key << "' is "
+                                        << io::json_type_name(j[key]) << ", not a number",
+              "fix or re-create the file");
+  return j[key].get<double>();
 }
 
 int64_t hf_int(const nlohmann::json& j, const char* key, const std::string& path) {
@@ -69,8 +75,8 @@ GPT2Config read_hf_config(const std::string& dir, int64_t extra_vocab) {
   c.n_embd = hf_int(j, "n_embd", path);
   c.n_ctx = hf_int(j, "n_positions", path);
   c.vocab_size = hf_int(j, "vocab_size", path) + extra_vocab;
-  if (j.contains("layer_norm_epsilon")) c.layer_norm_eps = j["layer_norm_epsilon"].get<double>();
-  if (j.contains("resid_pdrop")) c.dropout = j["resid_pdrop"].get<double>();
+  if (j.contains("layer_norm_epsilon")) c.layer_norm_eps = hf_float(j, "layer_norm_epsilon", path);
+  if (j.contains("resid_pdrop")) c.dropout = hf_float(j, "resid_pdrop", path);
   c.validate();
   return c;
 }
@@ -114,6 +120,7 @@ void import_hf(const std::string& dir, GPT2Impl& model) {
   };
   const GPT2Config& cfg = model.config();
   torch::NoGradGuard no_grad;
+  std::set<const torch::Tensor*> used;
   for (auto& item : model.named_parameters()) {
     const std::string& name = item.key();
     torch::Tensor& param = item.value();
@@ -121,6 +128,10 @@ void import_hf(const std::string& dir, GPT2Impl& model) {
     GPT2P_CHECK(src != nullptr,
                 path << " has no tensor '" << kPrefix << name << "' (nor '" << name << "')",
                 "the file is not a GPT-2 checkpoint of this depth (" << cfg.n_layer << " layers)");
+    used.insert(src);
+    GPT2P_CHECK(!src->is_floating_point() || torch::isfinite(*src).all().item<bool>(),
+                path << ": tensor '" << name << "' holds NaN or Inf",
+                "the file was written by a run that had diverged or was damaged; use another copy");
     torch::Tensor value = is_conv1d_weight(name) ? src->t() : *src;
     if (name == "wte.weight") {
       const int64_t hf_vocab = value.size(0);
@@ -155,6 +166,19 @@ void import_hf(const std::string& dir, GPT2Impl& model) {
                      << " (after the Conv1D transpose), the model's is " << param.sizes(),
                 "build the model from the checkpoint's config (read_hf_config)");
     param.copy_(value);
+  }
+  // Every tensor must have found its parameter: a config.json that says fewer layers than the
+  // weights hold would otherwise evaluate part of the model. HF's files may also hold the
+  // attention's causal-mask buffers and the head tied to wte (checked above).
+  for (const auto& [name, t] : file.tensors) {
+    const bool buffer = ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+                        name == "lm_head.weight";
+    GPT2P_CHECK(buffer || used.count(&t) != 0U,
+                path << " holds tensor '" << name << "' " << t.sizes()
+                     << " that a GPT-2 of config.json's shape (" << cfg.n_layer
+                     << " layers) does not have",
+                "config.json does not describe these weights: fix n_layer (and the other sizes) "
+                "or use the config.json that came with them");
   }
 }
 

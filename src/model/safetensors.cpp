@@ -2,12 +2,15 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <vector>
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
+#include "gpt2p/io/safetensors_header.h"
 
 namespace gpt2p::model {
 
@@ -22,6 +25,7 @@ const std::vector<std::pair<std::string, torch::ScalarType>>& dtype_table() {
   return table;
 }
 
+// The torch type of a dtype name that io::parse_safetensors_header accepted.
 torch::ScalarType parse_dtype(const std::string& name, const std::string& path,
                               const std::string& tensor) {
   for (const auto& [n, t] : dtype_table()) {
@@ -40,67 +44,29 @@ std::string dtype_name(torch::ScalarType type, const std::string& tensor) {
              "convert it to float32, float16, bfloat16, float64 or int64 first");
 }
 
-uint64_t read_le64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
 }  // namespace
 
 SafeTensors read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  GPT2P_CHECK(in.good(), "cannot open safetensors file " << path,
-              "check the path (a Hugging Face directory holds model.safetensors)");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
-  GPT2P_CHECK(!in.bad(), "reading " << path << " failed: " << std::strerror(errno),
-              "check the disk and that the file is readable");
+  // A regular file only: a symbolic link to /dev/zero would otherwise be read until memory ran out.
+  const std::string bytes = io::read_bounded_file(
+      path, "check the path (a Hugging Face directory holds model.safetensors)",
+      std::numeric_limits<size_t>::max());
   return parse_safetensors(bytes.data(), bytes.size(), path);
 }
 
 SafeTensors parse_safetensors(const char* bytes, size_t size, const std::string& path) {
-  GPT2P_CHECK(size >= 8, path << " is " << size << " bytes: too short for safetensors",
-              "the file is truncated or not safetensors; write it again");
-  const uint64_t n = read_le64(reinterpret_cast<const unsigned char*>(bytes));
-  GPT2P_CHECK(n <= size - 8, path << ": header length " << n << " exceeds the file size " << size,
-              "the file is truncated or not safetensors; write it again");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL(path << ": safetensors header is not valid JSON: " << e.what(),
-               "the file is corrupt; write it again");
-  }
-  GPT2P_CHECK(header.is_object(), path << ": safetensors header is not a JSON object",
-              "the file is corrupt; write it again");
-  const char* data = bytes + 8 + n;
-  const uint64_t data_size = size - 8 - n;
+  // Every check happens before the first tensor is allocated: the header, each entry's dtype and
+  // shape, and that its bytes lie inside the file.
+  const io::SafetensorsHeader header = io::parse_safetensors_header(bytes, size, path);
+  const char* data = bytes + header.data_offset;
   SafeTensors out;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      for (const auto& [k, v] : entry.items()) {
-        out.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
-      }
-      continue;
-    }
-    GPT2P_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
-                    entry.contains("data_offsets") && entry["data_offsets"].size() == 2,
-                path << ": header entry for tensor '" << name
-                     << "' lacks dtype/shape/data_offsets: " << entry.dump(),
-                "the file is corrupt; write it again");
-    const auto type = parse_dtype(entry["dtype"].get<std::string>(), path, name);
-    const auto shape = entry["shape"].get<std::vector<int64_t>>();
-    const auto begin = entry["data_offsets"][0].get<uint64_t>();
-    const auto end = entry["data_offsets"][1].get<uint64_t>();
-    auto tensor = torch::empty(shape, torch::TensorOptions().dtype(type));
-    const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
-    GPT2P_CHECK(begin <= end && end <= data_size && end - begin == nbytes,
-                path << ": tensor '" << name << "' (" << entry["dtype"].get<std::string>() << " "
-                     << entry["shape"].dump() << ", " << nbytes << " bytes) has data_offsets ["
-                     << begin << ", " << end << ") in a data section of " << data_size << " bytes",
-                "the file is truncated or corrupt; write it again");
-    if (nbytes > 0) std::memcpy(tensor.data_ptr(), data + begin, nbytes);
-    out.tensors.emplace(name, std::move(tensor));
+  out.metadata = header.metadata;
+  for (const auto& e : header.entries) {
+    const auto type = parse_dtype(e.dtype, path, e.name);
+    auto tensor = torch::empty(e.shape, torch::TensorOptions().dtype(type));
+    const uint64_t nbytes = e.end - e.begin;
+    if (nbytes > 0) std::memcpy(tensor.data_ptr(), data + e.begin, nbytes);
+    out.tensors.emplace(e.name, std::move(tensor));
   }
   return out;
 }

@@ -31,7 +31,7 @@ int64_t generation_budget(size_t reference_tokens) {
 LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int64_t max_pairs,
                            int64_t batch_size, int64_t seq_len, const data::SpecialTokens& special,
                            int64_t vocab_size, const torch::Device& device,
-                           comm::Communicator* comm) {
+                           comm::Communicator* comm, const StopPredicate& stop) {
   torch::NoGradGuard no_grad;
   const int64_t n = max_pairs > 0 ? std::min(max_pairs, split.size()) : split.size();
   const int rank = comm != nullptr ? comm->rank() : 0;
@@ -40,7 +40,16 @@ LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int
   for (int64_t i = rank; i < n; i += world) mine.push_back(i);
   double sum = 0;
   double count = 0;
-  for (size_t b = 0; b < mine.size(); b += static_cast<size_t>(batch_size)) {
+  // Every rank asks `stop` once per batch of the busiest rank (rank 0: ceil(n / world) examples).
+  const auto busiest = static_cast<size_t>((n + world - 1) / world);
+  for (size_t b = 0; b < std::max(busiest, mine.size()); b += static_cast<size_t>(batch_size)) {
+    if (stop && stop()) {
+      LossResult r;
+      r.stopped = true;
+      r.loss = r.perplexity = std::numeric_limits<double>::quiet_NaN();
+      return r;
+    }
+    if (b >= mine.size()) continue;
     std::vector<int64_t> idx(mine.begin() + static_cast<long>(b),
                              mine.begin() + static_cast<long>(std::min(mine.size(), b + static_cast<size_t>(batch_size))));
     auto batch = data::make_batch(split, idx, seq_len, special);
@@ -71,11 +80,12 @@ LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int
 std::vector<Translation> translate(const LogitsFn& logits, const data::Split& split, int n,
                                    int64_t seq_len, const data::SpecialTokens& special,
                                    int64_t vocab_size, const data::BpeTokenizer& tokenizer,
-                                   const torch::Device& device) {
+                                   const torch::Device& device, const StopPredicate& stop) {
   torch::NoGradGuard no_grad;
   std::vector<Translation> out;
   const int64_t count = std::min<int64_t>(n, split.size());
   for (int64_t i = 0; i < count; ++i) {
+    if (stop && stop()) break;
     std::vector<int64_t> ids;
     for (int32_t t : split.src(i)) ids.push_back(t);
     // Leave room for at least a few generated tokens.

@@ -21,7 +21,8 @@ namespace {
 LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
                                     comm::Communicator& comm, const data::Split& split,
                                     int64_t max_pairs, int64_t batch_size, int64_t seq_len,
-                                    const data::SpecialTokens& special, bool bf16) {
+                                    const data::SpecialTokens& special, bool bf16,
+                                    const StopCheck& stop) {
   torch::NoGradGuard no_grad;
   const int n = comm.size(), rank = comm.rank();
   const int n_stages = n * static_cast<int>(stages.size());
@@ -29,6 +30,13 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
   const int64_t total = max_pairs > 0 ? std::min(max_pairs, split.size()) : split.size();
   double sum = 0, count = 0;
   for (int64_t b = 0; b < total; b += batch_size) {
+    // Every rank of every replica walks the same batches, so all ask `stop` in step.
+    if (stop()) {
+      LossResult r;
+      r.stopped = true;
+      r.loss = r.perplexity = std::numeric_limits<double>::quiet_NaN();
+      return r;
+    }
     std::vector<int64_t> idx;
     for (int64_t i = b; i < std::min(total, b + batch_size); ++i) idx.push_back(i);
     const auto dev = to_device(data::make_batch(split, idx, seq_len, special), device);
@@ -210,7 +218,7 @@ class PipelineStep final : public StepStrategy {
     save_stage_checkpoints(ctx_, dir, parts, static_cast<int>(split_.size()), state);
   }
 
-  EpochEval evaluate(int64_t epoch) override {
+  EpochEval evaluate(int64_t epoch, const StopCheck& stop) override {
     // The replicas' summed gradients keep each stage bitwise equal across them, as in dp_train.
     if (ctx_.dp_comm) {
       for (auto& model : models_) {
@@ -221,7 +229,8 @@ class PipelineStep final : public StepStrategy {
     const auto val = pipeline_validation_loss(models_, *ctx_.comm,
                                               data_.dataset().split("validation"),
                                               cfg_.max_eval_pairs, data_.local_batch() / m_,
-                                              cfg_.seq_len, data_.special(), bf16_);
+                                              cfg_.seq_len, data_.special(), bf16_, stop);
+    if (val.stopped) return {val.loss, val.perplexity, std::nan(""), true};
     if (ctx_.topo.rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
                   static_cast<long long>(epoch + 1), val.loss, val.perplexity);

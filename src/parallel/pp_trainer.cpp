@@ -105,7 +105,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     model::GPT2 model(ctx.model_config, range);
     model->reset_parameters(cfg.seed);
     if (!cfg.init_from.empty()) {
-      cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
+      cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); }, ctx.checkpoint_timeout());
     }
     model->to(ctx.device);
     model->set_kernels(ctx.kernels);
@@ -125,8 +125,11 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
             const std::string dir =
                 cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
             auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
-                                             optimizers[static_cast<size_t>(c)].get());
+                                             optimizers[static_cast<size_t>(c)].get(),
+                                             {cfg.allow_unverified_checkpoint});
             if (c == 0) state = st;
+            check_resume_position(st, cfg, data.batches_per_epoch());
+            if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
           }
           compat::set_rng_state(ctx.device,
                                 ctx.mesh.dp > 1

@@ -16,6 +16,7 @@
 #include "gpt2p/compat/attention.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/profiler.h"
+#include "gpt2p/core/dir_lock.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
@@ -26,8 +27,10 @@ namespace gpt2p::parallel {
 namespace {
 
 // What must hold before a run starts, checked on every rank (cli::on_every_rank): --out can be
-// written, and a fresh run does not replace a checkpoint that is already there.
-void check_output(const parallel::TrainConfig& cfg) {
+// written, no other job runs in it (rank 0 takes its lock into `lock`), and a fresh run does not
+// replace a checkpoint that is already there.
+void check_output(const parallel::TrainConfig& cfg, parallel::Program program, int rank,
+                  std::unique_ptr<DirLock>& lock) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(cfg.out, ec);
@@ -35,6 +38,21 @@ void check_output(const parallel::TrainConfig& cfg) {
     throw cli::UsageError("--out " + cfg.out + ": cannot write there (" +
                           (ec ? ec.message() : std::string(std::strerror(errno))) +
                           ") -- fix: pass a writable directory");
+  }
+  if (rank == 0) {
+    DirLock::Outcome outcome{};
+    std::string detail;
+    lock = DirLock::acquire(cfg.out, program_name(program), outcome, detail);
+    if (outcome == DirLock::Outcome::kBusy) {
+      throw cli::UsageError("--out " + cfg.out + " is in use by " + detail +
+                            " -- fix: wait for that job to end or stop it, or pick another --out");
+    }
+    if (outcome == DirLock::Outcome::kUnsupported) {
+      std::fprintf(stderr,
+                   "warning: --out %s: the file system refuses locks (%s), so a second job "
+                   "started on this --out would not be refused\n",
+                   cfg.out.c_str(), detail.c_str());
+    }
   }
   if (!fs::is_regular_file(cfg.data)) {
     throw cli::UsageError("--data " + cfg.data +
@@ -95,6 +113,7 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
 RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program, const Topology& topo) {
   std::optional<data::BpeTokenizer> tokenizer;
   Mesh mesh{topo.size, 1, topo.rank, 0};  // dp_train, gpt2_train: every rank a replica
+  std::unique_ptr<DirLock> out_lock;
   cli::on_every_rank([&] {
     parallel::resolve_train_config(cfg, program, compat::cuda_available());
     if (program == parallel::Program::kPipeline) {
@@ -104,7 +123,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     }
     compat::set_attention_backend(cfg.attention);
     if (!cfg.profile.empty()) compat::Profiler::require_available();
-    check_output(cfg);
+    check_output(cfg, program, topo.rank, out_lock);
     tokenizer.emplace(data::BpeTokenizer::from_dir(cfg.vocab_dir));
   });
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
@@ -114,7 +133,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   RunContext ctx{std::move(cfg), topo,    mesh,    torch::Device(torch::kCPU),
                  nullptr,        nullptr, nullptr, nullptr,
                  nullptr,        nullptr, std::move(*tokenizer), special, {},
-                 model::Kernels::kReference, {}, 0.0, "comm mpi"};
+                 model::Kernels::kReference, {}, 0.0, "comm mpi", std::move(out_lock)};
   comm::CommOptions copts;
   copts.timeout = timeout;
   copts.backend = placement.backend;
@@ -248,12 +267,12 @@ void check_replicas(model::GPT2& model, comm::Communicator& comm, const std::str
   }
 }
 
-void init_from(model::GPT2& model, const std::string& dir) {
+void init_from(model::GPT2& model, const std::string& dir, bool allow_unverified) {
   namespace fs = std::filesystem;
   GPT2P_CHECK(fs::is_directory(dir), "--init-from " << dir << " is not a directory",
               "pass a Hugging Face GPT-2 directory (config.json + model.safetensors) or a checkpoint");
   if (model::is_checkpoint_dir(dir)) {
-    model::load_checkpoint(dir, *model, nullptr);
+    model::load_checkpoint(dir, *model, nullptr, {allow_unverified});
   } else {
     GPT2P_CHECK(model::is_hf_dir(dir), "--init-from " << dir << " holds neither our checkpoint (meta.json) "
                 "nor a Hugging Face GPT-2 (config.json + model.safetensors)", "point it at one of those");

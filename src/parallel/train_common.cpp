@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -192,6 +193,82 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
               program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(),
               checkpoint.c_str());
   std::fflush(stdout);
+}
+
+void check_resume_position(const model::TrainState& state, const TrainConfig& cfg,
+                           int64_t batches_per_epoch) {
+  GPT2P_CHECK(state.epoch < cfg.epochs || (state.epoch == cfg.epochs && state.batch_in_epoch == 0),
+              "checkpoint " << cfg.resume << " is at epoch " << state.epoch << " (batch "
+                            << state.batch_in_epoch << "), past this run's --epochs "
+                            << cfg.epochs,
+              "raise --epochs to continue it, or check that meta.json is the one this run wrote");
+  GPT2P_CHECK(state.batch_in_epoch < batches_per_epoch,
+              "checkpoint " << cfg.resume << " is at batch " << state.batch_in_epoch
+                            << " of an epoch, but an epoch of this run has " << batches_per_epoch
+                            << " batches",
+              "resume with the --batch-size and --max-train-pairs of the run that wrote it");
+}
+
+nlohmann::json recorded_config(const TrainConfig& cfg, const TrainData& data) {
+  auto j = to_json(cfg);
+  j["tokenizer_identity"] = data.tokenizer_identity();
+  j["train_fingerprint"] = data.train_fingerprint();
+  return j;
+}
+
+void check_resume_identity(const model::TrainState& state, const TrainConfig& cfg,
+                           const TrainData& data, int rank) {
+  const auto& old = state.config;
+  const std::string ck = "checkpoint " + cfg.resume;
+  if (!old.is_object() || !old.contains("tokenizer_identity") ||
+      !old.contains("train_fingerprint")) {
+    if (rank == 0) {
+      std::fprintf(stderr, "note: %s records no tokenizer or training-data identity (an older "
+                   "version wrote it): the resume's data is not checked against it\n",
+                   ck.c_str());
+    }
+    if (!old.is_object()) return;
+  }
+  if (old.contains("tokenizer_identity")) {
+    GPT2P_CHECK(old["tokenizer_identity"] == data.tokenizer_identity(),
+                ck << " was trained with tokenizer " << old["tokenizer_identity"].dump()
+                   << ", but --data " << cfg.data << " was made with "
+                   << data.tokenizer_identity(),
+                "resume on the dataset the run trained on (its --data and --vocab-dir)");
+  }
+  if (old.contains("train_fingerprint")) {
+    GPT2P_CHECK(old["train_fingerprint"] == data.train_fingerprint(),
+                ck << " was trained on other training data (fingerprint "
+                   << old["train_fingerprint"].dump() << "; --data " << cfg.data << " has "
+                   << data.train_fingerprint() << ")",
+                "resume on the dataset the run trained on, or start a new run with --init-from "
+                    << cfg.resume);
+  }
+  const auto now = to_json(cfg);
+  // The data order and position depend on these: a resume cannot continue with others.
+  for (const char* key : {"seed", "max_train_pairs", "batch_size", "seq_len"}) {
+    if (!old.contains(key) || !now.contains(key) || old[key] == now[key]) continue;
+    std::string flag = key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    GPT2P_FAIL(ck << " was trained with --" << flag << " " << old[key].dump() << ", this run has "
+                  << now[key].dump(),
+               "resume with --" << flag << " " << old[key].dump()
+                                << " (it decides the data order), or start a new run with "
+                                   "--init-from "
+                                << cfg.resume);
+  }
+  if (rank != 0) return;
+  for (const auto& [key, value] : now.items()) {
+    if (key == "out" || key == "resume" || key == "overwrite" || key == "init_from" ||
+        !old.contains(key) || old[key] == value) {
+      continue;
+    }
+    std::string flag = key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    std::fprintf(stderr, "note: resuming with --%s %s; the checkpoint's run had %s\n",
+                 flag.c_str(), value.dump().c_str(), old[key].dump().c_str());
+  }
+  std::fflush(stderr);
 }
 
 void clear_stopped(const std::string& out, int rank) {

@@ -1,15 +1,46 @@
 #include "gpt2p/parallel/train_data.h"
 
+#include <cstdio>
+
 #include <algorithm>
 
 #include "gpt2p/core/error.h"
 
 namespace gpt2p::parallel {
 
+namespace {
+
+// 64-bit FNV-1a over the split's token, offset and length arrays, as 16 hex digits.
+std::string fingerprint(const data::Split& split) {
+  uint64_t h = 14695981039346656037ULL;
+  const auto add = [&](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  };
+  add(split.tokens().data(), split.tokens().size() * sizeof(int32_t));
+  add(split.offsets().data(), split.offsets().size() * sizeof(int64_t));
+  add(split.src_lengths().data(), split.src_lengths().size() * sizeof(int32_t));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+}  // namespace
+
 TrainData::TrainData(const TrainDataOptions& o, int rank, int world)
-    : file_(data::DatasetFile::open(o.path)), rank_(rank), seq_len_(o.seq_len) {
+    : file_(data::DatasetFile::open(o.path)),
+      tokenizer_identity_(o.tokenizer_identity),
+      rank_(rank),
+      seq_len_(o.seq_len) {
   file_.require_tokenizer(o.tokenizer_identity, o.vocab_size);
+  // Evaluation needs pairs: an empty split would give a NaN loss and an exit 0.
+  for (const char* name : {"validation", "test"}) {
+    GPT2P_CHECK(file_.split(name).size() > 0,
+                "dataset " << o.path << " has no " << name << " pairs",
+                "re-create it with prepare_data, whose splits are never empty");
+  }
   const auto& train = file_.split("train");
+  train_fingerprint_ = fingerprint(train);
   train_pairs_ = o.max_train_pairs > 0 ? std::min(o.max_train_pairs, train.size()) : train.size();
   GPT2P_CHECK(train_pairs_ >= o.global_batch,
               "dataset " << o.path << " has " << train_pairs_ << " training pairs (after "

@@ -7,10 +7,6 @@
 #include <type_traits>
 
 namespace gpt2p::parallel {
-namespace {
-
-using cli::named_value;
-using cli::UsageError;
 
 const char* program_name(Program p) {
   switch (p) {
@@ -20,6 +16,11 @@ const char* program_name(Program p) {
   }
   return "?";
 }
+
+namespace {
+
+using cli::named_value;
+using cli::UsageError;
 
 void require(bool ok, const std::string& message) {
   if (!ok) throw UsageError(message);
@@ -96,6 +97,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
       ("init-from", po::value(&c.init_from), "initialise from a Hugging Face GPT-2 directory or one of our checkpoints")
       ("save-every", po::value(&c.save_every)->default_value(c.save_every), "checkpoint every N optimizer steps; 0 = at the end of each epoch; -1 = never (benchmarks)")
       ("resume", po::value(&c.resume), "resume from this checkpoint directory (model, optimizer, step, RNG, data position)")
+      ("allow-unverified-checkpoint", po::bool_switch(&c.allow_unverified_checkpoint), "load a --resume or --init-from checkpoint whose meta.json lists no checksums (refused without it), with a warning")
       ("translate-samples", po::value(&c.translate_samples)->notifier(non_negative<int>("translate-samples", "a count >= 0 (0 = none)")), "test pairs greedily translated (and BLEU-scored) per epoch (default: 4 on cuda, 2 on cpu)")
       ("log-every", po::value(&c.log_every)->notifier(positive<int>("log-every"))->default_value(c.log_every), "rank 0 prints a progress line every N steps")
       ("profile", po::value(&c.profile), "write a Chrome trace of every rank's operators and CUDA kernels (libtorch's profiler) to DIR/trace_rank<r>.json, for --profile-steps steps after 5 others; analysis/kernel_table.py sums it per kernel")
@@ -202,6 +204,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"lr", c.lr}, {"weight_decay", c.weight_decay}, {"grad_clip", c.grad_clip},
           {"precision", name_string(c.precision)}, {"device", name_string(c.device)}, {"seed", c.seed},
           {"warmup_epochs", c.warmup_epochs}, {"out", c.out}, {"init_from", c.init_from},
+          {"allow_unverified_checkpoint", c.allow_unverified_checkpoint},
           {"save_every", c.save_every}, {"resume", c.resume},
           {"translate_samples", c.translate_samples}, {"grad_sync", name_string(c.grad_sync)},
           {"bucket_mb", c.bucket_mb}, {"reduce_dtype", name_string(c.reduce_dtype)},

@@ -137,7 +137,7 @@ class DataParallelStep final : public StepStrategy {
     save_replicated_checkpoint(ctx_, dir, *model_, optimizer_, state);
   }
 
-  EpochEval evaluate(int64_t epoch) override {
+  EpochEval evaluate(int64_t epoch, const StopCheck& stop) override {
     // Averaged gradients keep the replicas bitwise equal; a difference is a sync bug, caught here
     // rather than as a quietly worse model.
     if (world_ > 1) {
@@ -152,13 +152,17 @@ class DataParallelStep final : public StepStrategy {
     };
     const auto val = validation_loss(logits_fn, data_.dataset().split("validation"),
                                      cfg_.max_eval_pairs, micro_, cfg_.seq_len, data_.special(),
-                                     vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr);
-    EpochEval out{val.loss, val.perplexity, std::nan("")};
+                                     vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr,
+                                     stop);
+    EpochEval out{val.loss, val.perplexity, std::nan(""), val.stopped};
+    if (val.stopped) return out;
     const int rank = ctx_.topo.rank;
     if (rank == 0 && cfg_.translate_samples > 0) {
       const auto samples = translate(logits_fn, data_.dataset().split("test"),
                                      cfg_.translate_samples, cfg_.seq_len, data_.special(), vocab,
-                                     ctx_.tokenizer, ctx_.device);
+                                     ctx_.tokenizer, ctx_.device,
+                                     // rank 0 alone: its own signal (the loop then agrees on it)
+                                     [] { return StopSignals::received() != 0; });
       out.bleu = translations_bleu(samples);
       for (const auto& t : samples) {
         std::printf("  de: %s\n  en: %s\n  model: %s\n", t.source.c_str(), t.reference.c_str(),
@@ -254,7 +258,7 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   model::GPT2 model(ctx.model_config);
   model->reset_parameters(cfg.seed);
   if (!cfg.init_from.empty()) {
-    cli::on_every_rank([&] { init_from(model, cfg.init_from); }, ctx.checkpoint_timeout());
+    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); }, ctx.checkpoint_timeout());
   }
   model->to(ctx.device);
   model->set_kernels(ctx.kernels);
@@ -269,7 +273,10 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
     // Agreed before anything is written (see pp_trainer.cpp).
     cli::on_every_rank(
         [&] {
-          state = model::load_checkpoint(cfg.resume, *model, &optimizer);
+          state = model::load_checkpoint(cfg.resume, *model, &optimizer,
+                                         {cfg.allow_unverified_checkpoint});
+          check_resume_position(state, cfg, data.batches_per_epoch());
+          check_resume_identity(state, cfg, data, rank);
           compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
         },
         ctx.checkpoint_timeout());

@@ -26,7 +26,7 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
   int64_t saved_step = state.step;  // the step the newest checkpoint holds (a resume's own)
   const auto save = [&](int64_t epoch, int64_t next_batch) {
     const auto at = resume_point(epoch, next_batch, per_epoch);
-    strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, parallel::to_json(cfg), {}});
+    strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, recorded_config(cfg, data), {}});
     saved_step = step;
   };
   // Where a run that ends now would resume: after the last step taken.
@@ -76,17 +76,28 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
         break;
       }
     }
-    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's end
-    // (evaluation, its row) runs first, below, for the resume starts the next epoch.
+    // A stop inside the epoch ends the run here; on the epoch's last batch the epoch's row is
+    // written first, below (evaluation ends at its first batch), for the resume starts the next
+    // epoch.
     if (stopped_by != 0 && !last_batch) return stopped(stopped_by);
     // HW5's per-rank line, then evaluation (not part of the training time).
     const data::SamplerPosition resume_at =
         end_epoch(data, epoch, done, setup.rank, totals, ctx.device);
     run_peak = std::max(run_peak, totals.peak_memory_bytes);
     strategy.set_training(false);
-    const EpochEval val = strategy.evaluate(epoch);
+    // A stop during evaluation ends it between batches (agreed, as after a step): the epoch's
+    // training is then committed at once instead of after the rest of the evaluation.
+    const bool stopped_in_training = stopped_by != 0;
+    const StopCheck stop = [&] {
+      if (stopped_by == 0) stopped_by = stop_requested(*ctx.control);
+      return stopped_by != 0;
+    };
+    const EpochEval val = strategy.evaluate(epoch, stop);
+    if (!val.stopped) stop();  // also a signal that came during rank 0's translations
     recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, val.bleu));
-    if (cfg.save_every == 0 && stopped_by == 0) save(resume_at.epoch, resume_at.batch);
+    if ((cfg.save_every == 0 || stopped_by != 0) && !stopped_in_training) {
+      save(resume_at.epoch, resume_at.batch);
+    }
     // Evaluation and the checkpoints must not leak into another rank's next timed step.
     if (setup.ranks > 1) ctx.comm->barrier();
     if (stopped_by != 0) {

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -202,17 +203,69 @@ def flip_middle(p, n=64):
     p.write_bytes(bytes(data))
 
 
-def make_bad_tokens(src, dst):
-    """A copy of the dataset whose first 128 training pairs each start with token 60000 (the
-    vocabulary has 50260): built by the Python that has h5py (scripts/setup installs it)."""
+def make_bad_tokens(src, dst, token=60000):
+    """A copy of the dataset whose first 128 training pairs each start with `token` (60000: outside
+    the vocabulary of 50260; 100: inside it, the data merely differs): built by the Python that has
+    h5py (scripts/setup installs it)."""
     code = (
         "import shutil, sys, h5py\n"
         "shutil.copyfile(sys.argv[1], sys.argv[2])\n"
         "f = h5py.File(sys.argv[2], 'r+')\n"
         "t, off = f['train/tokens'], f['train/offsets'][:]\n"
-        "assert int(f.attrs['vocab_size']) < 60000\n"
+        "tok = int(sys.argv[3])\n"
+        "assert tok == 100 or int(f.attrs['vocab_size']) < tok\n"
         "for i in range(min(128, len(off) - 1)):\n"
-        "    t[int(off[i])] = 60000\n"
+        "    t[int(off[i])] = tok\n"
+        "f.close()\n")
+    for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
+        if not py:
+            continue
+        r = subprocess.run([py, "-c", code, src, str(dst), str(token)], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            return
+    raise Skip("no python3 with h5py to write a dataset with bad token ids")
+
+
+DEEP = 100000  # levels of nesting in the crafted JSON: far past any stack a recursive copy has
+
+
+def deep_json(depth=DEEP):
+    return "[" * depth + "]" * depth
+
+
+def update_checksum(path):
+    """After path (a checkpoint file) changed: its size and CRC-32 in the meta.json beside it, so
+    that only the crafted content, not a checksum, can refuse it."""
+    meta_path = path.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if path.name in meta.get("files", {}):
+        data = path.read_bytes()
+        meta["files"][path.name] = {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+        meta_path.write_text(json.dumps(meta, indent=1))
+
+
+def deep_safetensors_header(path):
+    """The safetensors file with an array nested DEEP levels in its header's __metadata__."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    text = json.dumps(header, separators=(",", ":"))
+    text = text[:-1] + ',"__metadata__":{"x":' + deep_json() + "}}"
+    text += " " * ((8 - len(text) % 8) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data[8 + n:])
+    update_checksum(path)
+
+
+def make_float_tokens(src, dst):
+    """A copy of the dataset whose train/tokens are stored as float32 (the same ids)."""
+    code = (
+        "import shutil, sys, h5py\n"
+        "shutil.copyfile(sys.argv[1], sys.argv[2])\n"
+        "f = h5py.File(sys.argv[2], 'r+')\n"
+        "t = f['train/tokens'][:]\n"
+        "del f['train/tokens']\n"
+        "f['train'].create_dataset('tokens', data=t.astype('float32'))\n"
         "f.close()\n")
     for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
         if not py:
@@ -220,7 +273,7 @@ def make_bad_tokens(src, dst):
         r = subprocess.run([py, "-c", code, src, str(dst)], capture_output=True, text=True)
         if r.returncode == 0:
             return
-    raise Skip("no python3 with h5py to write a dataset with bad token ids")
+    raise Skip("no python3 with h5py to write a dataset with float token ids")
 
 
 def prepare(case, w, fx):
@@ -240,6 +293,33 @@ def prepare(case, w, fx):
             make_readonly(w / arg)
         elif key == "bad_tokens":
             make_bad_tokens(fx.data(), w / "bad.h5")
+        elif key == "float_tokens":
+            make_float_tokens(fx.data(), w / "float.h5")
+        elif key == "other_tokens":
+            make_bad_tokens(fx.data(), w / "other.h5", token=100)
+        elif key == "deep_header":  # deep_header=P: $W/run/P's header nests DEEP levels
+            deep_safetensors_header(w / "run" / arg)
+        elif key == "deep_json":  # deep_json=P: $W/P is one JSON array nested DEEP levels
+            (w / arg).parent.mkdir(parents=True, exist_ok=True)
+            (w / arg).write_text(deep_json())
+        elif key == "deep_line":  # deep_line=P: $W/P is one JSON line {"ids": <nested DEEP>}
+            (w / arg).write_text('{"ids": ' + deep_json() + "}\n")
+        elif key == "vocab":  # $W/vocab: a copy of the GPT-2 vocabulary
+            shutil.copytree(Path(fx.env.get("GPT2P_VOCAB_DIR", ROOT / ".cache" / "gpt2-vocab")),
+                            w / "vocab")
+        elif key == "meta_edit":  # meta_edit=P:KEY:JSON: $W/run/P's KEY set to the JSON value
+            rel, field, value = arg.split(":", 2)
+            meta = json.loads((w / "run" / rel).read_text())
+            meta[field] = json.loads(value)
+            (w / "run" / rel).write_text(json.dumps(meta, indent=1))
+        elif key == "meta_drop":  # meta_drop=P:KEY: KEY removed from $W/run/P
+            rel, field = arg.split(":", 1)
+            meta = json.loads((w / "run" / rel).read_text())
+            meta.pop(field, None)
+            (w / "run" / rel).write_text(json.dumps(meta, indent=1))
+        elif key == "devzero":  # devzero=P: $W/run/P becomes a symbolic link to /dev/zero
+            (w / "run" / arg).unlink()
+            (w / "run" / arg).symlink_to("/dev/zero")
         else:
             raise SystemExit(f"case {case['name']}: unknown setup '{action}'")
 

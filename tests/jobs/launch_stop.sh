@@ -4,7 +4,10 @@
 #   1. Ctrl-C: SIGINT to the launch's process group, as a terminal sends it (dp_train);
 #   2. SIGTERM to mpirun itself, which then exits 1: 75 all the same, from <out>/stopped.json
 #      (pp_train; Open MPI's odls_base_sigkill_timeout gives the ranks the time to commit);
-#   3. a stopped.json left by an earlier run does not turn another failure into 75.
+#   3. a stopped.json left by an earlier run does not turn another failure into 75;
+#   4. Ctrl-C during an epoch's evaluation (the whole validation split: some seconds on CPU) ends
+#      the evaluation at its next batch: exit 75, the checkpoint at the next epoch's start, and no
+#      validation figure printed for that epoch.
 #   tests/jobs/launch_stop.sh BIN_DIR
 set -uo pipefail
 bin=$(cd "$1" && pwd)
@@ -80,5 +83,23 @@ if [ "$rc" = 2 ]; then
   echo "ok: stale: a failed launch beside an earlier stopped.json exits 2"
 else
   echo "FAIL: stale: exit $rc, expected 2"; tail -5 "$tmp/stale.log"; fail=1
+fi
+# 4. Ctrl-C during evaluation
+mkdir -p "$tmp/eval"
+"$root/scripts/launch" mpirun --oversubscribe -np 2 "$bin/dp_train" --preset tiny --device cpu \
+  --max-train-pairs 64 --batch-size 16 --seq-len 32 --data "$data" --epochs 3 --log-every 1 \
+  --translate-samples 0 --max-eval-pairs 0 --out "$tmp/eval/out" >"$tmp/eval/log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do grep -q "Epoch 0 on Rank 0" "$tmp/eval/log" && break; sleep 0.1; done
+sleep 0.5
+kill -INT -- "-$pid"
+wait "$pid"; rc=$?
+meta=$tmp/eval/out/checkpoint/meta.json
+if [ "$rc" = 75 ] && ! grep -q "epoch 1: validation loss" "$tmp/eval/log" &&
+  grep -q '"epoch": 1' "$meta" 2>/dev/null && grep -q '"batch_in_epoch": 0' "$meta"; then
+  echo "ok: eval: a stop during evaluation ended it: exit 75, checkpoint at epoch 1 batch 0"
+else
+  echo "FAIL: eval: exit $rc; log:"; tail -6 "$tmp/eval/log"; grep -h '"epoch\|batch_in' "$meta"
+  fail=1
 fi
 exit "$fail"

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <vector>
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/compat/rng.h"
@@ -411,7 +413,7 @@ TEST(Checkpoint, FlippedBytesAreRejectedNamingTheFileAndBothChecksums) {
   EXPECT_EQ(load_checkpoint(ck, *back, nullptr).step, 1);
 }
 
-TEST(Checkpoint, OlderCheckpointsWithoutChecksumsLoadAndACorruptOptimizerIsOurError) {
+TEST(Checkpoint, WithoutChecksumsOnlyWhenAllowedAndACorruptOptimizerIsOurError) {
   TempDir dir;
   Trained t;
   const std::string ck = dir / "ck";
@@ -422,16 +424,26 @@ TEST(Checkpoint, OlderCheckpointsWithoutChecksumsLoadAndACorruptOptimizerIsOurEr
   spit(ck + "/meta.json", meta.dump(2));
   GPT2 back(tiny_config());
   torch::optim::AdamW opt(back->parameters(), torch::optim::AdamWOptions(1e-3));
-  const auto state = load_checkpoint(ck, *back, &opt);
+  // Refused by default: nothing would tell a flipped byte.
+  auto refused = error_with_hint([&] { load_checkpoint(ck, *back, &opt); });
+  EXPECT_NE(refused.find("meta.json lists no checksums (\"files\"), so model.safetensors cannot "
+                         "be verified"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("--allow-unverified-checkpoint"), std::string::npos) << refused;
+  EXPECT_NE(error_with_hint([&] { verify_checkpoint(ck); }).find("lists no checksums"),
+            std::string::npos);
+  const LoadOptions allow{true};
+  const auto state = load_checkpoint(ck, *back, &opt, allow);
   EXPECT_EQ(state.step, 4);
   EXPECT_TRUE(state.rank_rng_states.empty());
-  EXPECT_NO_THROW(verify_checkpoint(ck));
+  EXPECT_NO_THROW(verify_checkpoint(ck, allow));
   // Without checksums a truncated optimizer.pt is caught by torch's reader: our error, with
   // context.
   const std::string opt_path = ck + "/optimizer.pt";
   const std::string good = slurp(opt_path);
   spit(opt_path, good.substr(0, good.size() / 3));
-  const auto msg = error_with_hint([&] { load_checkpoint(ck, *back, &opt); });
+  const auto msg = error_with_hint([&] { load_checkpoint(ck, *back, &opt, allow); });
   EXPECT_NE(msg.find("cannot read the optimizer state " + opt_path), std::string::npos) << msg;
   EXPECT_NE(msg.find("resume from an earlier copy"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("Exception raised from"), std::string::npos) << "no C++ backtrace: " << msg;
@@ -479,6 +491,75 @@ TEST(Checkpoint, NonFiniteParametersOrOptimizerStateAreNotSaved) {
   EXPECT_NE(error_of([&] { t.save(dir / "fresh", 3); }).find("nothing was written to"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir / "fresh"));
+}
+
+TEST(Checkpoint, ADivergedRunIsNotSavedAndTheLastGoodCheckpointIsKept) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 1);
+  const std::string model_before = slurp(ck + "/model.safetensors");
+  auto w = t.model->named_parameters()["h.0.attn.c_proj.weight"];
+  {
+    torch::NoGradGuard no_grad;
+    w[0][1] = 1e30F;  // finite, but where --lr 1e30 takes the weights
+  }
+  const auto msg = error_with_hint([&] { t.save(ck, 2); });
+  EXPECT_NE(msg.find("not saving: the run has diverged by step 2 ('h.0.attn.c_proj.weight' holds "
+                     "a value of magnitude 1e+30"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("the last good checkpoint in " + ck + " is kept"), std::string::npos) << msg;
+  EXPECT_EQ(slurp(ck + "/model.safetensors"), model_before);
+  {
+    torch::NoGradGuard no_grad;
+    w[0][1] = static_cast<float>(kDivergedMagnitude);  // the bound itself still saves
+  }
+  EXPECT_NO_THROW(t.save(ck, 2));
+}
+
+TEST(Checkpoint, NonFiniteWeightsOnLoadNameTheFileAndTheParameter) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 1);
+  // A file with NaN, as a damaged or foreign writer leaves it (checksums then cannot help).
+  auto file = read_safetensors(ck + "/model.safetensors");
+  file.tensors.at("ln_f.weight")[3] = std::numeric_limits<float>::quiet_NaN();
+  write_safetensors(ck + "/model.safetensors", file.tensors, file.metadata);
+  auto meta = nlohmann::json::parse(std::ifstream(ck + "/meta.json"));
+  meta.erase("files");
+  spit(ck + "/meta.json", meta.dump(2));
+  GPT2 back(tiny_config());
+  const auto msg = error_with_hint([&] { load_checkpoint(ck, *back, nullptr, {true}); });
+  EXPECT_NE(msg.find(ck + "/model.safetensors: parameter 'ln_f.weight' holds NaN or Inf"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("lower --lr"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, MetaJsonCountsMustBeCountsAndDepthIsBounded) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 3);
+  const std::string good = slurp(ck + "/meta.json");
+  for (const auto& [key, value, expect] :
+       std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"step", -5, "\"step\" is -5, not a count >= 0"},
+           {"epoch", "x", "\"epoch\" is \"x\", not a count >= 0"},
+           {"batch_in_epoch", 1.5, "\"batch_in_epoch\" is 1.5, not a count >= 0"},
+           {"step", nlohmann::json(), "\"step\" is null, not a count >= 0"}}) {
+    auto meta = nlohmann::json::parse(good);
+    meta[key] = value;
+    spit(ck + "/meta.json", meta.dump(2));
+    const auto msg = error_with_hint([&] { read_train_state(ck); });
+    EXPECT_NE(msg.find("meta.json: " + expect), std::string::npos) << msg;
+  }
+  spit(ck + "/meta.json", std::string(1000, '[') + std::string(1000, ']'));
+  const auto msg = error_with_hint([&] { read_train_state(ck); });
+  EXPECT_NE(msg.find("meta.json: JSON nested deeper than 64 levels"), std::string::npos) << msg;
+  EXPECT_FALSE(is_checkpoint_dir(ck));
 }
 
 TEST(Checkpoint, RankRngStatesRoundTripAsHex) {

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/hf_checkpoint.h"
+#include "gpt2p/model/safetensors.h"
 #include "support/errors.h"
 #include "support/small_model.h"
 #include "support/temp_dir.h"
@@ -54,7 +56,7 @@ TEST_F(HfConfigJson, AMatchingConfigImports) {
 TEST_F(HfConfigJson, InvalidJsonIsNamed) {
   std::ofstream(dir_ / "hf/config.json") << "{\"n_layer\": 1,";
   const auto text = import_error(config());
-  EXPECT_NE(text.find("hf/config.json is not valid JSON"), std::string::npos) << text;
+  EXPECT_NE(text.find("hf/config.json: not valid JSON"), std::string::npos) << text;
   EXPECT_NE(text.find("fix or re-create the file"), std::string::npos) << text;
 }
 
@@ -79,6 +81,31 @@ TEST_F(HfConfigJson, AShapeOtherThanTheModelsNamesTheFieldAndBothValues) {
   EXPECT_NE(text.find("n_positions is 32 but the model being initialised has 16"),
             std::string::npos)
       << text;
+}
+
+TEST_F(HfConfigJson, AConfigOfFewerLayersThanTheWeightsIsRefused) {
+  auto two = config();
+  two.n_layer = 2;
+  GPT2 source(two);
+  source->reset_parameters(4);
+  export_hf(dir_ / "hf2", *source);
+  auto j = nlohmann::json::parse(std::ifstream(dir_ / "hf2/config.json"));
+  j["n_layer"] = 1;
+  std::ofstream(dir_ / "hf2/config.json") << j.dump(2);
+  const auto text = error_with_hint([&] { load_hf(dir_ / "hf2"); });
+  EXPECT_NE(text.find("model.safetensors holds tensor '"), std::string::npos) << text;
+  EXPECT_NE(text.find("h.1."), std::string::npos) << text;
+  EXPECT_NE(text.find("config.json's shape (1 layers) does not have"), std::string::npos) << text;
+}
+
+TEST_F(HfConfigJson, NaNWeightsAreNamedWithTheirFile) {
+  auto file = read_safetensors(dir_ / "hf/model.safetensors");
+  auto& wpe = file.tensors.begin()->second;
+  wpe.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  write_safetensors(dir_ / "hf/model.safetensors", file.tensors, file.metadata);
+  const auto text = import_error(config());
+  EXPECT_NE(text.find("hf/model.safetensors: tensor '"), std::string::npos) << text;
+  EXPECT_NE(text.find("' holds NaN or Inf"), std::string::npos) << text;
 }
 
 TEST_F(HfConfigJson, AVocabularyLargerThanTheModelsOrTheWeightsIsRefused) {

@@ -227,7 +227,7 @@ TEST(BpeTokenizer, MissingOrBrokenFilesAreNamed) {
               HasSubstr("token 'b' has id 5, expected an integer in [0, 2)"));
   write(dir.path() / "vocab.json", R"({"a": 0, )");
   EXPECT_THAT(error_of([&] { BpeTokenizer::from_dir(dir.str()); }),
-              HasSubstr("vocab.json is not valid JSON"));
+              HasSubstr("vocab.json: not valid JSON"));
 }
 
 TEST(BpeTokenizer, TinyVocabularyMergesByRank) {

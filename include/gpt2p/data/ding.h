@@ -33,7 +33,7 @@ struct DingOptions {
 struct DingStats {
   int64_t lines = 0;             // all lines read
   int64_t comment_lines = 0;     // '#' and blank lines
-  int64_t malformed_lines = 0;   // no " :: " separator
+  int64_t malformed_lines = 0;   // no " :: " separator, or over 16 kB
   int64_t misaligned_lines = 0;  // different number of " | " alternatives on the two sides
   int64_t alternatives = 0;      // aligned alternatives looked at
   int64_t sentences = 0;         // alternatives that passed the sentence rule

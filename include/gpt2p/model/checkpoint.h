@@ -40,8 +40,18 @@ struct TrainState {
   std::vector<std::string> rank_rng_states{};
 };
 
+// A parameter larger than this in magnitude means the run has diverged (GPT-2's weights are of
+// order 1; a run at --lr 1e30 reaches 1e30): save_checkpoint refuses it and keeps the last good one.
+inline constexpr double kDivergedMagnitude = 1e4;
+
+// How a checkpoint is read. A meta.json without checksums ("files") is refused unless
+// allow_unverified (--allow-unverified-checkpoint), which then prints a warning per file.
+struct LoadOptions {
+  bool allow_unverified = false;
+};
+
 // optimizer may be null (only the model is saved). Refuses (gpt2p::Error, dir untouched) when a
-// parameter or an optimizer state tensor is not finite; a failed write (full disk, read-only or
+// parameter or an optimizer state tensor is not finite, or a parameter exceeds kDivergedMagnitude; a failed write (full disk, read-only or
 // unwritable directory) is a gpt2p::Error naming the file, and the previous dir is kept.
 void save_checkpoint(const std::string& dir, const GPT2Impl& model,
                      const torch::optim::Optimizer* optimizer, const TrainState& state);
@@ -51,10 +61,10 @@ void save_checkpoint(const std::string& dir, const GPT2Impl& model,
 // a file whose size or CRC-32 differs from meta.json, or an unreadable optimizer.pt, is an error
 // naming the file. Restoring torch's RNG from TrainState::rng_state is left to the caller.
 TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
-                           torch::optim::Optimizer* optimizer);
+                           torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 
-// Checks the size and CRC-32 of every file meta.json lists (nothing for older checkpoints).
-void verify_checkpoint(const std::string& dir);
+// Checks the size and CRC-32 of every file meta.json lists (refused without checksums, as above).
+void verify_checkpoint(const std::string& dir, const LoadOptions& options = {});
 
 // True when dir holds meta.json with our format tag.
 bool is_checkpoint_dir(const std::string& dir);
@@ -62,10 +72,11 @@ bool is_checkpoint_dir(const std::string& dir);
 // meta.json alone: the model config and layer range a checkpoint was written from, and its state.
 GPT2Config checkpoint_config(const std::string& dir);
 LayerRange checkpoint_range(const std::string& dir);
+// read_train_state refuses a negative step, epoch or batch and fields of the wrong type.
 TrainState read_train_state(const std::string& dir);
 
 // A model built from the checkpoint's config and range, with its parameters loaded.
-GPT2 load_model(const std::string& dir);
+GPT2 load_model(const std::string& dir, const LoadOptions& options = {});
 
 // manifest.json at the root of a multi-part checkpoint: `manifest` (a JSON object, free-form)
 // with "format": "gpt2p-checkpoint-set" added, written atomically and fsynced. Write it last:

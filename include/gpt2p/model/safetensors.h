@@ -1,6 +1,7 @@
 // The .safetensors format (Hugging Face): 8-byte little-endian header length N, N bytes of JSON
 // {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
 // then the raw little-endian tensor bytes. Dtypes: F32, F16, BF16, F64, I64.
+// The header is checked by io/safetensors_header.h (torch-free) before any tensor is allocated.
 #pragma once
 
 #include <torch/types.h>

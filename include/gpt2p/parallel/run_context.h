@@ -12,6 +12,7 @@
 
 #include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/core/dir_lock.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/special_tokens.h"
 #include "gpt2p/io/run_record.h"
@@ -66,6 +67,8 @@ struct RunContext {
   std::string comm_description = "comm mpi";
   // "comm nccl, kernels fused, attention flash": for the start-up line.
   std::string describe_kernels() const;
+  // Rank 0: the lock on --out, held while the run lives (core/dir_lock.h); null elsewhere.
+  std::unique_ptr<DirLock> out_lock;
 };
 
 // Resolves the config (device defaults, validation), checks --out and --resume, loads the
@@ -91,7 +94,7 @@ void check_replicas(model::GPT2& model, comm::Communicator& comm, const std::str
 double parameter_checksum(model::GPT2& model);
 
 // Loads --init-from (a Hugging Face GPT-2 directory or one of our checkpoints) into `model`.
-void init_from(model::GPT2& model, const std::string& dir);
+void init_from(model::GPT2& model, const std::string& dir, bool allow_unverified);
 
 io::RunIdentity run_identity(const RunContext& ctx, const char* program);
 

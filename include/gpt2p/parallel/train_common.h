@@ -15,6 +15,7 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/io/run_record.h"
+#include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/train_data.h"
 
 namespace gpt2p::parallel {
@@ -98,6 +99,23 @@ bool advance_step(int64_t& step, int64_t save_every, int64_t max_steps,
 // The stop signal (core/stop_signal.h) any rank received, agreed over `control` after every step
 // so that all ranks stop after the same one; 0 when none. One tiny MPI all_reduce.
 int stop_requested(comm::Communicator& control);
+
+// A resumed state must lie inside this run: its epoch at most --epochs (a finished run's own
+// end), its batch inside the epoch. Throws naming the checkpoint and both values otherwise.
+void check_resume_position(const model::TrainState& state, const TrainConfig& cfg,
+                           int64_t batches_per_epoch);
+
+// The configuration a checkpoint records: to_json(cfg), and what the run trains on (the tokenizer's
+// identity, the training split's fingerprint: TrainData).
+nlohmann::json recorded_config(const TrainConfig& cfg, const TrainData& data);
+
+// A resume continues the run its checkpoint recorded (state.config, as recorded_config wrote
+// it). Another tokenizer or training data, or another --seed, --max-train-pairs, --batch-size or
+// --seq-len (which decide the data order and so the position), is refused; any other setting
+// that differs gets one line on rank 0 naming the old and the new value. A checkpoint that
+// records no identity (an older version's) gets a note that it was not checked.
+void check_resume_identity(const model::TrainState& state, const TrainConfig& cfg,
+                           const TrainData& data, int rank);
 
 // Rank 0's record of a stop: the line saying where the checkpoint is and how to resume, and
 // <out>/stopped.json, written atomically once the checkpoint is committed. A launcher whose mpirun

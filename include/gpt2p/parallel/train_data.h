@@ -45,6 +45,10 @@ class TrainData {
   void set_position(const data::SamplerPosition& p);
 
   const data::DatasetFile& dataset() const { return file_; }
+  // What the run trains on, for a checkpoint to record and a resume to compare: the tokenizer's
+  // identity and a 64-bit FNV-1a hash (hex) of the training split's arrays.
+  const std::string& tokenizer_identity() const { return tokenizer_identity_; }
+  const std::string& train_fingerprint() const { return train_fingerprint_; }
   const data::SpecialTokens& special() const { return file_.meta().special; }
   int64_t seq_len() const { return seq_len_; }
   // The share of the training pairs' positions whose loss counts (data::target_share).
@@ -52,6 +56,7 @@ class TrainData {
 
  private:
   data::DatasetFile file_;
+  std::string tokenizer_identity_, train_fingerprint_;
   int rank_;
   int64_t seq_len_;
   int64_t local_batch_ = 0;

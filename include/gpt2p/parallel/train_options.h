@@ -89,6 +89,7 @@ struct TrainConfig {
   std::string init_from;
   int64_t save_every = 0;  // steps; 0: at the end of every epoch; -1: never
   std::string resume;
+  bool allow_unverified_checkpoint = false;  // load a checkpoint whose meta.json has no checksums
   int translate_samples = -1;  // -1: 4 on cuda, 2 on cpu
   int log_every = 10;
   std::string profile;     // a Chrome trace of --profile-steps steps goes here (empty: none)
@@ -116,6 +117,8 @@ struct TrainConfig {
 };
 
 enum class Program { kSingle, kDataParallel, kPipeline };
+// "gpt2_train", "dp_train" or "pp_train".
+const char* program_name(Program p);
 
 // Declares every flag of `program` on `desc`, bound to fields of `cfg`.
 void add_train_options(po::options_description& desc, TrainConfig& cfg, Program program);

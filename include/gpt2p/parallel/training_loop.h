@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "gpt2p/io/run_record.h"
@@ -20,7 +21,12 @@ namespace gpt2p::parallel {
 struct EpochEval {
   double loss = 0, perplexity = 0;
   double bleu = 0;  // NaN where not measured
+  bool stopped = false;  // a stop was agreed during evaluation, which ended early (NaN figures)
 };
+
+// Asked between evaluation batches by every rank in step: true once the ranks have agreed to
+// stop (a stop signal); the evaluation then ends at once.
+using StopCheck = std::function<bool()>;
 
 class StepStrategy {
  public:
@@ -42,8 +48,9 @@ class StepStrategy {
   // Commits a checkpoint of the models and optimizers, with `state`, to `dir` (every rank calls).
   virtual void save(const std::string& dir, const model::TrainState& state) = 0;
 
-  // Evaluates the models at the end of `epoch` (every rank calls; rank 0 prints what it found).
-  virtual EpochEval evaluate(int64_t epoch) = 0;
+  // Evaluates the models at the end of `epoch` (every rank calls; rank 0 prints what it found),
+  // asking `stop` between batches and ending early when it says so.
+  virtual EpochEval evaluate(int64_t epoch, const StopCheck& stop) = 0;
 };
 
 // The run's fixed facts for the loop.
