@@ -8,10 +8,16 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$GPT2P_ROOT}
 export GPT2P_VOCAB_DIR=${GPT2P_VOCAB_DIR:-$GPT2P_ROOT/.cache/gpt2-vocab}
 
+# True when FILE is a dataset this prepare_data writes: it starts with the checksum block that
+# DatasetFile::open checks (src/data/dataset_file.cpp). An older one is made again.
+gpt2p_dataset_ok() {
+  [ "$(head -c 16 "$1" 2>/dev/null)" = "gpt2p-dataset 1 " ]
+}
+
 # The device scripts' dataset: sets $data, preparing it once with $1/prepare_data (log in $2).
 gpt2p_device_data() {
   data=.cache/data/ding-gpt2.h5
-  [ -s "$data" ] || "$1/prepare_data" --out "$data" >"$2/prepare_data.log" 2>&1
+  gpt2p_dataset_ok "$data" || "$1/prepare_data" --out "$data" >"$2/prepare_data.log" 2>&1
 }
 
 # True when PyTorch with CUDA and a GPU are here: then we build against PyTorch's libtorch.

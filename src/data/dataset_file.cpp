@@ -4,8 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
@@ -256,6 +261,70 @@ void check_token_ids(const Split& split, int32_t vocab_size, const std::string& 
 // ------------------------------------------------------------------------------------------------
 // Writing and reading
 // ------------------------------------------------------------------------------------------------
+namespace {
+
+// The file's first 512 bytes are an HDF5 user block, which HDF5 leaves to the application. Ours
+// holds a line of text and the 64-bit FNV-1a hash of everything after the block:
+//   "gpt2p-dataset 1 fnv1a64 <16 hex digits> bytes <decimal>\n", then zeros.
+// DatasetFile::open checks it before HDF5 reads a byte: libhdf5 itself crashes on some damaged
+// files (seen with 1.10.8 under the fuzz test), so damage must be caught first.
+constexpr size_t kUserBlock = 512;
+constexpr const char* kBlockMagic = "gpt2p-dataset 1 ";
+
+struct Fnv1a {
+  uint64_t h = 14695981039346656037ULL;
+  void add(const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ULL;
+  }
+};
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string block_line(uint64_t hash, uint64_t bytes) {
+  char line[96];
+  std::snprintf(line, sizeof line, "%sfnv1a64 %016llx bytes %llu\n", kBlockMagic,
+                static_cast<unsigned long long>(hash), static_cast<unsigned long long>(bytes));
+  return line;
+}
+
+// Checks the user block against the rest of the file, reading it in pieces.
+void verify_user_block(const std::string& path) {
+  const char* remake = "the file is damaged, or an older prepare_data wrote it: re-create it "
+                       "with prepare_data --out ";
+  std::ifstream in(path, std::ios::binary);
+  GPT2P_CHECK(in.good(), "cannot open dataset file " << path << ": " << std::strerror(errno),
+              "check the path and its permissions");
+  std::string block(kUserBlock, '\0');
+  in.read(block.data(), static_cast<std::streamsize>(block.size()));
+  const bool full = in.gcount() == static_cast<std::streamsize>(kUserBlock);
+  GPT2P_CHECK(full && block.compare(0, std::strlen(kBlockMagic), kBlockMagic) == 0,
+              "dataset file " << path << " has no gpt2p checksum block", remake << path);
+  unsigned long long want_hash = 0, want_bytes = 0;
+  GPT2P_CHECK(std::sscanf(block.c_str() + std::strlen(kBlockMagic), "fnv1a64 %16llx bytes %llu",
+                          &want_hash, &want_bytes) == 2,
+              "dataset file " << path << ": its checksum block is unreadable", remake << path);
+  Fnv1a sum;
+  uint64_t bytes = 0;
+  std::vector<char> buf(size_t{1} << 20);
+  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
+    sum.add(buf.data(), static_cast<size_t>(in.gcount()));
+    bytes += static_cast<uint64_t>(in.gcount());
+  }
+  GPT2P_CHECK(!in.bad(), "reading dataset file " << path << " failed: " << std::strerror(errno),
+              "check the disk");
+  GPT2P_CHECK(bytes == want_bytes && sum.h == want_hash,
+              "dataset file " << path << " does not match its checksum (" << bytes + kUserBlock
+                              << " bytes, fnv1a64 " << hex16(sum.h) << "; written as "
+                              << want_bytes + kUserBlock << " bytes, " << hex16(want_hash) << ")",
+              remake << path);
+}
+
+}  // namespace
+
 void write_dataset_file(const std::string& path, const DatasetMeta& meta,
                         const std::map<std::string, Split>& splits) {
   for (const auto& name : split_names()) {
@@ -276,7 +345,9 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
     // Only a name for HDF5: one that does not exist, since HDF5 first tries to open an existing
     // file of that name (the core driver would read it into memory).
     const std::string h5_name = path + ".in-memory." + std::to_string(::getpid());
-    H5::H5File file(h5_name, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, in_memory);
+    H5::FileCreatPropList with_block;
+    with_block.setUserblock(kUserBlock);
+    H5::H5File file(h5_name, H5F_ACC_TRUNC, with_block, in_memory);
     set_attr(file, "format", std::string(kDatasetFormat));
     set_attr(file, "tokenizer_identity", meta.tokenizer_identity);
     set_attr(file, "vocab_size", static_cast<int64_t>(meta.vocab_size));
@@ -306,9 +377,22 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
     GPT2P_FAIL("building dataset file " << path << " in memory failed: " << e.getDetailMsg(),
                "check that the machine has free memory for the dataset");
   }
-  GPT2P_CHECK(!image.empty(), "building dataset file " << path << " in memory failed: HDF5 gave "
-                                                          "no file image",
+  GPT2P_CHECK(image.size() > kUserBlock,
+              "building dataset file " << path << " in memory failed: HDF5 gave no file image",
               "check that the machine has free memory for the dataset");
+  // HDF5 1.10's image of a core file starts at its superblock, without the user block that the
+  // superblock declares: put the block in front of it.
+  static const std::string kSignature("\x89HDF\r\n\x1a\n", 8);
+  if (image.compare(0, kSignature.size(), kSignature) == 0) image.insert(0, kUserBlock, '\0');
+  GPT2P_CHECK(image.compare(kUserBlock, kSignature.size(), kSignature) == 0,
+              "building dataset file " << path << " in memory failed: no HDF5 superblock after "
+                                       << kUserBlock << " bytes",
+              "report this with the HDF5 version");
+  Fnv1a sum;
+  sum.add(image.data() + kUserBlock, image.size() - kUserBlock);
+  const std::string line = block_line(sum.h, image.size() - kUserBlock);
+  std::fill(image.begin(), image.begin() + kUserBlock, '\0');
+  std::copy(line.begin(), line.end(), image.begin());
   write_bytes_atomically(path, image);
 }
 
@@ -317,6 +401,10 @@ DatasetFile DatasetFile::open(const std::string& path) {
       std::filesystem::exists(path), "dataset file " << path << " does not exist",
       "create it with prepare_data --out " << path << " (default .cache/data/ding-gpt2.h5)");
   H5::Exception::dontPrint();
+  GPT2P_CHECK(std::filesystem::is_regular_file(path),
+              "dataset file " << path << " is not a regular file (a directory, device or pipe)",
+              "pass the .h5 file written by prepare_data");
+  verify_user_block(path);
   bool is_hdf5 = false;
   try {
     is_hdf5 = H5::H5File::isHdf5(path);

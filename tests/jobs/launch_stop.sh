@@ -16,7 +16,8 @@ cd "$root"  # prepare_data finds the vocabulary in .cache/gpt2-vocab, as scripts
 tmp=$(mktemp -d)
 trap 'pkill -9 -f "$tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
 data=$root/.cache/data/ding-gpt2.h5
-if [ ! -s "$data" ]; then
+# (made anew when missing or written by an older prepare_data: no checksum block)
+if [ "$(head -c 16 "$data" 2>/dev/null)" != "gpt2p-dataset 1 " ]; then
   data=$tmp/ding-gpt2.h5
   "$bin/prepare_data" --out "$data" >"$tmp/prepare_data.log" 2>&1 ||
     { echo "FAIL: prepare_data"; tail "$tmp/prepare_data.log"; exit 1; }

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "gpt2p/core/error.h"
@@ -170,16 +171,39 @@ TEST(DatasetFile, OpenErrors) {
       << missing;
   EXPECT_NE(missing.find("prepare_data --out"), std::string::npos) << missing;
 
+  // Every file is checked against the checksum block prepare_data writes before HDF5 reads it:
+  // libhdf5 itself crashes on some damaged files.
   const auto text_file = temp_path("not_hdf5.h5");
   std::ofstream(text_file) << "hello";
   const auto not_h5 = error_with_hint([&] { DatasetFile::open(text_file); });
-  EXPECT_NE(not_h5.find("is not an HDF5 file"), std::string::npos) << not_h5;
+  EXPECT_NE(not_h5.find(text_file + " has no gpt2p checksum block"), std::string::npos) << not_h5;
+  EXPECT_NE(not_h5.find("re-create it with prepare_data --out " + text_file), std::string::npos)
+      << not_h5;
 
-  const auto other = temp_path("other.h5");
+  const auto other = temp_path("other.h5");  // HDF5, but not written by prepare_data
   { H5::H5File f(other, H5F_ACC_TRUNC); }
   const auto not_ours = error_with_hint([&] { DatasetFile::open(other); });
-  EXPECT_NE(not_ours.find("is an HDF5 file but not a gpt2p dataset"), std::string::npos)
-      << not_ours;
+  EXPECT_NE(not_ours.find("has no gpt2p checksum block"), std::string::npos) << not_ours;
+
+  const auto path = temp_path("flipped.h5");
+  write_dataset_file(path, sample_meta(), sample_splits());
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 1024U);
+  EXPECT_EQ(bytes.compare(0, 16, "gpt2p-dataset 1 "), 0);
+  bytes[bytes.size() / 2] ^= 0x40;
+  std::ofstream(path, std::ios::binary) << bytes;
+  const auto flipped = error_with_hint([&] { DatasetFile::open(path); });
+  EXPECT_NE(flipped.find(path + " does not match its checksum"), std::string::npos) << flipped;
+  bytes[bytes.size() / 2] ^= 0x40;
+  std::ofstream(path, std::ios::binary) << bytes;
+  EXPECT_NO_THROW(DatasetFile::open(path));
+  std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() - 10);
+  EXPECT_NE(error_with_hint([&] { DatasetFile::open(path); }).find("does not match its checksum"),
+            std::string::npos);
 }
 
 }  // namespace
