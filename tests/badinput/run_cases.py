@@ -203,6 +203,18 @@ def flip_middle(p, n=64):
     p.write_bytes(bytes(data))
 
 
+def reseal(path):
+    """Writes the dataset's checksum block anew for its edited content, as a crafted file would
+    carry it: the checks after HDF5 has opened the file are the ones under test."""
+    data = bytearray(Path(path).read_bytes())
+    h = 14695981039346656037
+    for b in memoryview(data)[512:]:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    line = f"gpt2p-dataset 1 fnv1a64 {h:016x} bytes {len(data) - 512}\n".encode()
+    data[:512] = line + bytes(512 - len(line))
+    Path(path).write_bytes(bytes(data))
+
+
 def make_bad_tokens(src, dst, token=60000):
     """A copy of the dataset whose first 128 training pairs each start with `token` (60000: outside
     the vocabulary of 50260; 100: inside it, the data merely differs): built by the Python that has
@@ -223,6 +235,7 @@ def make_bad_tokens(src, dst, token=60000):
         r = subprocess.run([py, "-c", code, src, str(dst), str(token)], capture_output=True,
                            text=True)
         if r.returncode == 0:
+            reseal(dst)
             return
     raise Skip("no python3 with h5py to write a dataset with bad token ids")
 
@@ -272,6 +285,7 @@ def make_float_tokens(src, dst):
             continue
         r = subprocess.run([py, "-c", code, src, str(dst)], capture_output=True, text=True)
         if r.returncode == 0:
+            reseal(dst)
             return
     raise Skip("no python3 with h5py to write a dataset with float token ids")
 
@@ -293,6 +307,9 @@ def prepare(case, w, fx):
             make_readonly(w / arg)
         elif key == "bad_tokens":
             make_bad_tokens(fx.data(), w / "bad.h5")
+        elif key == "data_flip":  # $W/flipped.h5: the dataset with bytes in its middle inverted
+            shutil.copyfile(fx.data(), w / "flipped.h5")
+            flip_middle(w / "flipped.h5")
         elif key == "float_tokens":
             make_float_tokens(fx.data(), w / "float.h5")
         elif key == "other_tokens":
