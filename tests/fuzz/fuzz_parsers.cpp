@@ -979,11 +979,11 @@ void cleanup(const std::string& dir) {
 
 std::string g_tmp;  // this process's temporary directory
 
-const std::string& file_bytes(const Input& in, const std::string& name) {
+const std::string& file_bytes(const Input& in, const char* name) {
   for (const auto& f : in.files) {
     if (f.name == name) return f.bytes;
   }
-  throw HarnessError("input has no file " + name);
+  throw HarnessError(std::string("input has no file ") + name);
 }
 
 // Writes the input's files into a fresh directory (one per iteration: HDF5 keeps files open by
