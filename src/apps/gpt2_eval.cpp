@@ -157,6 +157,9 @@ nlohmann::json eval_dataset(GPT2& model, const EvalOptions& o, torch::Device dev
   const auto file = gpt2p::data::DatasetFile::open(o.data);
   check_dataset_tokenizer(file, o, cfg.vocab_size);
   const auto& split = file.split(o.split);
+  // No pairs would give a NaN loss and an exit 0.
+  GPT2P_CHECK(split.size() > 0, "dataset " << o.data << " has no " << o.split << " pairs",
+              "evaluate another --split, or re-create the dataset with prepare_data");
   const int64_t max_len = o.max_len > 0 ? o.max_len : cfg.n_ctx;
   GPT2P_CHECK(max_len <= cfg.n_ctx,
               "--max-len " << max_len << " exceeds the model's n_ctx " << cfg.n_ctx,

@@ -290,6 +290,33 @@ def make_float_tokens(src, dst):
     raise Skip("no python3 with h5py to write a dataset with float token ids")
 
 
+def make_empty_validation(src, dst):
+    """A copy of the dataset whose validation split holds no pairs (consistent, checksum made
+    anew)."""
+    code = (
+        "import shutil, sys, h5py, numpy as np\n"
+        "shutil.copyfile(sys.argv[1], sys.argv[2])\n"
+        "f = h5py.File(sys.argv[2], 'r+')\n"
+        "g = f['validation']\n"
+        "for name, data in (('tokens', np.zeros(0, 'int32')), ('offsets', np.zeros(1, 'int64')),\n"
+        "                   ('src_lengths', np.zeros(0, 'int32'))):\n"
+        "    del g[name]\n"
+        "    g.create_dataset(name, data=data)\n"
+        "for name in ('text_de', 'text_en'):\n"
+        "    del g[name]\n"
+        "    g.create_dataset(name, shape=(0,), dtype=h5py.string_dtype())\n"
+        "f.attrs['n_validation'] = 0\n"
+        "f.close()\n")
+    for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
+        if not py:
+            continue
+        r = subprocess.run([py, "-c", code, src, str(dst)], capture_output=True, text=True)
+        if r.returncode == 0:
+            reseal(dst)
+            return
+    raise Skip("no python3 with h5py to write a dataset with an empty validation split")
+
+
 def prepare(case, w, fx):
     for action in case["setup"]:
         key, _, arg = action.partition("=")
@@ -310,6 +337,8 @@ def prepare(case, w, fx):
         elif key == "data_flip":  # $W/flipped.h5: the dataset with bytes in its middle inverted
             shutil.copyfile(fx.data(), w / "flipped.h5")
             flip_middle(w / "flipped.h5")
+        elif key == "empty_validation":
+            make_empty_validation(fx.data(), w / "empty.h5")
         elif key == "float_tokens":
             make_float_tokens(fx.data(), w / "float.h5")
         elif key == "other_tokens":

@@ -11,6 +11,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/dataset_file.h"
 #include "support/errors.h"
+#include "support/tmpfs.h"
 
 namespace gpt2p::data {
 namespace {
@@ -163,6 +164,23 @@ TEST(DatasetFile, TokenIdsOutsideTheVocabularyNameFileSplitRowAndId) {
   const auto text2 = error_with_hint([&] { DatasetFile::open(path); });
   EXPECT_NE(text2.find(":/train: row 3 (German source) has token id -3"), std::string::npos)
       << text2;
+}
+
+TEST(DatasetFile, AFullDiskIsOneErrorAndLeavesNoFile) {
+  // HDF5 1.10, writing to the disk itself, crashed at exit after a failed flush (H5close on a
+  // freed file): this process would then end with SIGSEGV after the test passed.
+  testing::Tmpfs tmpfs("size=256k");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << tmpfs.error();
+  auto splits = sample_splits();
+  for (int i = 0; i < 4000; ++i) {
+    splits["train"].add(std::vector<int32_t>(20, 7), std::vector<int32_t>(20, 9),
+                        "ein langer Satz " + std::to_string(i), "a long sentence");
+  }
+  const std::string path = tmpfs / "d.h5";
+  const auto msg = error_with_hint([&] { write_dataset_file(path, sample_meta(), splits); });
+  EXPECT_NE(msg.find("no space left on device writing " + path + ".tmp."), std::string::npos)
+      << msg;
+  EXPECT_EQ(tmpfs.entries(), 0) << "no d.h5 and no d.h5.tmp.*";
 }
 
 TEST(DatasetFile, OpenErrors) {
