@@ -215,6 +215,19 @@ def reseal(path):
     Path(path).write_bytes(bytes(data))
 
 
+def edit_with_h5py(code, src, dst, what, *args):
+    """Runs `code` (argv: src, dst, args) with the Python that has h5py (scripts/setup installs
+    it), then writes dst's checksum block anew (reseal)."""
+    for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
+        if not py:
+            continue
+        r = subprocess.run([py, "-c", code, src, str(dst), *args], capture_output=True, text=True)
+        if r.returncode == 0:
+            reseal(dst)
+            return
+    raise Skip(f"no python3 with h5py to write {what}")
+
+
 def make_bad_tokens(src, dst, token=60000):
     """A copy of the dataset whose first 128 training pairs each start with `token` (60000: outside
     the vocabulary of 50260; 100: inside it, the data merely differs): built by the Python that has
@@ -229,15 +242,7 @@ def make_bad_tokens(src, dst, token=60000):
         "for i in range(min(128, len(off) - 1)):\n"
         "    t[int(off[i])] = tok\n"
         "f.close()\n")
-    for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
-        if not py:
-            continue
-        r = subprocess.run([py, "-c", code, src, str(dst), str(token)], capture_output=True,
-                           text=True)
-        if r.returncode == 0:
-            reseal(dst)
-            return
-    raise Skip("no python3 with h5py to write a dataset with bad token ids")
+    edit_with_h5py(code, src, dst, "a dataset with other token ids", str(token))
 
 
 DEEP = 100000  # levels of nesting in the crafted JSON: far past any stack a recursive copy has
@@ -280,14 +285,7 @@ def make_float_tokens(src, dst):
         "del f['train/tokens']\n"
         "f['train'].create_dataset('tokens', data=t.astype('float32'))\n"
         "f.close()\n")
-    for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
-        if not py:
-            continue
-        r = subprocess.run([py, "-c", code, src, str(dst)], capture_output=True, text=True)
-        if r.returncode == 0:
-            reseal(dst)
-            return
-    raise Skip("no python3 with h5py to write a dataset with float token ids")
+    edit_with_h5py(code, src, dst, "a dataset with float token ids")
 
 
 def make_empty_validation(src, dst):
@@ -307,14 +305,7 @@ def make_empty_validation(src, dst):
         "    g.create_dataset(name, shape=(0,), dtype=h5py.string_dtype())\n"
         "f.attrs['n_validation'] = 0\n"
         "f.close()\n")
-    for py in (os.environ.get("GPT2P_PYTHON"), str(ROOT / "scripts" / "python"), "python3"):
-        if not py:
-            continue
-        r = subprocess.run([py, "-c", code, src, str(dst)], capture_output=True, text=True)
-        if r.returncode == 0:
-            reseal(dst)
-            return
-    raise Skip("no python3 with h5py to write a dataset with an empty validation split")
+    edit_with_h5py(code, src, dst, "a dataset with an empty validation split")
 
 
 def prepare(case, w, fx):
