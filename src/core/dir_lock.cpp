@@ -11,24 +11,10 @@
 #include <ctime>
 
 #include "gpt2p/core/atomic_file.h"
+#include "gpt2p/core/process_info.h"
 
 namespace gpt2p {
 namespace {
-
-std::string host_name() {
-  std::array<char, 256> buf{};
-  if (gethostname(buf.data(), buf.size() - 1) != 0) return "unknown-host";
-  return buf.data();
-}
-
-std::string now_utc() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  std::array<char, 32> buf{};
-  std::strftime(buf.data(), buf.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf.data();
-}
 
 // The holder's line from the lock file (at most one line of 512 bytes), or a placeholder.
 std::string read_holder(int fd) {
@@ -66,7 +52,7 @@ std::unique_ptr<DirLock> DirLock::acquire(const std::string& dir, const std::str
     if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
         held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
       const std::string line = owner + " (pid " + std::to_string(::getpid()) + " on " +
-                               host_name() + ", since " + now_utc() + ")\n";
+                               host_name() + ", since " + utc_timestamp() + ")\n";
       if (::ftruncate(fd, 0) != 0 ||
           ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size())) {
         const int err = errno;

@@ -8,14 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "gpt2p/core/process_info.h"
+
 namespace gpt2p {
 namespace {
-
-std::string host_name() {
-  std::array<char, 256> buf{};
-  if (gethostname(buf.data(), buf.size() - 1) != 0) return "unknown-host";
-  return buf.data();
-}
 
 std::string format(const std::string& what, const std::string& hint, const char* file, int line) {
   std::ostringstream os;

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/fnv1a.h"
 #include "gpt2p/io/json_input.h"
 #include "gpt2p/data/byte_unicode.h"
 
@@ -96,20 +97,6 @@ std::string read_file(const fs::path& path) {
   os << in.rdbuf();
   return os.str();
 }
-
-class Fnv1a64 {
- public:
-  void add(std::string_view bytes) {
-    for (const char c : bytes) {
-      hash_ ^= static_cast<unsigned char>(c);
-      hash_ *= 1099511628211ULL;
-    }
-  }
-  uint64_t value() const { return hash_; }
-
- private:
-  uint64_t hash_ = 14695981039346656037ULL;
-};
 
 constexpr size_t kCacheMaxEntries = size_t{1} << 18;
 
@@ -265,9 +252,7 @@ BpeTokenizer BpeTokenizer::from_dir(const std::string& dir) {
   GPT2P_CHECK(rank > 0, merges_path.string() << " holds no merges",
               "restore the file (scripts/setup fetches GPT-2's vocab.bpe)");
 
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash.value()));
-  vocab->identity = std::string("gpt2-bpe:") + hex;
+  vocab->identity = "gpt2-bpe:" + hash.hex();
   return BpeTokenizer(std::move(vocab));
 }
 

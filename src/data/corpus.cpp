@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/fnv1a.h"
 #include "gpt2p/io/json_input.h"
 
 namespace gpt2p::data {
@@ -61,18 +62,11 @@ std::vector<SentencePair> dedupe(std::vector<SentencePair> pairs, int64_t* dropp
 }
 
 uint64_t pair_hash(const SentencePair& pair) {
-  uint64_t h = 14695981039346656037ULL;
-  auto mix = [&h](const std::string& s) {
-    for (const char c : s) {
-      h ^= static_cast<unsigned char>(c);
-      h *= 1099511628211ULL;
-    }
-  };
-  mix(pair.de);
-  h ^= static_cast<unsigned char>('\t');
-  h *= 1099511628211ULL;
-  mix(pair.en);
-  return h;
+  Fnv1a64 h;
+  h.add(pair.de);
+  h.add("\t");
+  h.add(pair.en);
+  return h.value();
 }
 
 const std::string& split_of(const SentencePair& pair, const SplitFractions& fractions) {

@@ -7,14 +7,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/isolated.h"
+#include "gpt2p/core/process_info.h"
 #include "gpt2p/data/corpus.h"
+#include "gpt2p/data/dataset_seal.h"
 
 namespace gpt2p::data {
 
@@ -105,6 +106,9 @@ Split Split::from_arrays(std::vector<int32_t> tokens, std::vector<int64_t> offse
 // ------------------------------------------------------------------------------------------------
 namespace {
 
+// What every HDF5 file holds at the start of its superblock.
+const std::string kSignature("\x89HDF\r\n\x1a\n", 8);
+
 const H5::StrType& vlen_str() {
   static const H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
   return t;
@@ -168,55 +172,55 @@ int64_t get_int_attr(const H5::H5Object& obj, const char* name, const std::strin
   return value;
 }
 
-H5::DataSet open_1d(const H5::Group& g, const char* name, const std::string& where, hsize_t& n) {
-  GPT2P_CHECK(g.nameExists(name), where << "/" << name << " is missing",
+// Where the arrays of one split are read from: the group's name for messages, and the size of
+// the whole file, which bounds what they can hold.
+struct Array {
+  std::string where;
+  hsize_t file_size = 0;
+};
+
+H5::DataSet open_1d(const H5::Group& g, const char* name, const Array& a, hsize_t& n) {
+  GPT2P_CHECK(g.nameExists(name), a.where << "/" << name << " is missing",
               "rerun prepare_data to rebuild the dataset file");
   H5::DataSet ds = g.openDataSet(name);
   H5::DataSpace space = ds.getSpace();
-  GPT2P_CHECK(space.getSimpleExtentNdims() == 1, where << "/" << name << " is not 1-D",
+  GPT2P_CHECK(space.getSimpleExtentNdims() == 1, a.where << "/" << name << " is not 1-D",
               "rerun prepare_data to rebuild the dataset file");
   space.getSimpleExtentDims(&n);
   // No more elements than the file can hold (a damaged header may claim any number, and the
   // reader allocates them first). prepare_data compresses nothing; 64 per byte of file leaves room
   // for any file that is not damaged.
-  hsize_t file_size = 0;
-  const hid_t file = H5Iget_file_id(g.getId());
-  if (file >= 0) {
-    H5Fget_filesize(file, &file_size);
-    H5Fclose(file);
-  }
-  GPT2P_CHECK(n <= file_size * 64,
-              where << "/" << name << " claims " << n << " elements, more than the file of "
-                    << file_size << " bytes can hold",
+  GPT2P_CHECK(n <= a.file_size * 64,
+              a.where << "/" << name << " claims " << n << " elements, more than the file of "
+                      << a.file_size << " bytes can hold",
               "the file is damaged: rerun prepare_data");
   return ds;
 }
 
 template <class T>
 std::vector<T> read_array(const H5::Group& g, const char* name, const H5::PredType& mem_type,
-                          const std::string& where) {
+                          const Array& a) {
   hsize_t n = 0;
-  H5::DataSet ds = open_1d(g, name, where, n);
+  H5::DataSet ds = open_1d(g, name, a, n);
   // Integers of at most T's width: HDF5 would otherwise convert float ids, or clip wide ones,
   // without a word.
   const H5::DataType type = ds.getDataType();
-  GPT2P_CHECK(type.getClass() == H5T_INTEGER && type.getSize() <= sizeof(T),
-              where << "/" << name << " holds "
-                    << (type.getClass() == H5T_INTEGER ? "integers" : "values that are not integers")
-                    << " of " << type.getSize() << " bytes; a gpt2p dataset stores "
-                    << sizeof(T) << "-byte integers there",
-              "rerun prepare_data to rebuild the dataset file");
+  GPT2P_CHECK(
+      type.getClass() == H5T_INTEGER && type.getSize() <= sizeof(T),
+      a.where << "/" << name << " holds "
+              << (type.getClass() == H5T_INTEGER ? "integers" : "values that are not integers")
+              << " of " << type.getSize() << " bytes; a gpt2p dataset stores " << sizeof(T)
+              << "-byte integers there",
+      "rerun prepare_data to rebuild the dataset file");
   std::vector<T> v(n);
   if (n > 0) ds.read(v.data(), mem_type);
   return v;
 }
 
-std::vector<std::string> read_strings(const H5::Group& g, const char* name,
-                                      const std::string& where) {
+std::vector<std::string> read_strings(const H5::Group& g, const char* name, const Array& a) {
   hsize_t n = 0;
-  H5::DataSet ds = open_1d(g, name, where, n);
-  GPT2P_CHECK(ds.getTypeClass() == H5T_STRING,
-              where << "/" << name << " does not hold strings",
+  H5::DataSet ds = open_1d(g, name, a, n);
+  GPT2P_CHECK(ds.getTypeClass() == H5T_STRING, a.where << "/" << name << " does not hold strings",
               "the file is damaged: rerun prepare_data");
   std::vector<std::string> out;
   if (n == 0) return out;
@@ -227,15 +231,6 @@ std::vector<std::string> read_strings(const H5::Group& g, const char* name,
   H5::DataSpace space = ds.getSpace();
   H5::DataSet::vlenReclaim(ptrs.data(), vlen_str(), space);
   return out;
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // Every id of `split` must be a token of the file's vocabulary: a model indexes its embedding with
@@ -261,70 +256,6 @@ void check_token_ids(const Split& split, int32_t vocab_size, const std::string& 
 // ------------------------------------------------------------------------------------------------
 // Writing and reading
 // ------------------------------------------------------------------------------------------------
-namespace {
-
-// The file's first 512 bytes are an HDF5 user block, which HDF5 leaves to the application. Ours
-// holds a line of text and the 64-bit FNV-1a hash of everything after the block:
-//   "gpt2p-dataset 1 fnv1a64 <16 hex digits> bytes <decimal>\n", then zeros.
-// DatasetFile::open checks it before HDF5 reads a byte: libhdf5 itself crashes on some damaged
-// files (seen with 1.10.8 under the fuzz test), so damage must be caught first.
-constexpr size_t kUserBlock = 512;
-constexpr const char* kBlockMagic = "gpt2p-dataset 1 ";
-
-struct Fnv1a {
-  uint64_t h = 14695981039346656037ULL;
-  void add(const char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ULL;
-  }
-};
-
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string block_line(uint64_t hash, uint64_t bytes) {
-  char line[96];
-  std::snprintf(line, sizeof line, "%sfnv1a64 %016llx bytes %llu\n", kBlockMagic,
-                static_cast<unsigned long long>(hash), static_cast<unsigned long long>(bytes));
-  return line;
-}
-
-// Checks the user block against the rest of the file, reading it in pieces.
-void verify_user_block(const std::string& path) {
-  const char* remake = "the file is damaged, or an older prepare_data wrote it: re-create it "
-                       "with prepare_data --out ";
-  std::ifstream in(path, std::ios::binary);
-  GPT2P_CHECK(in.good(), "cannot open dataset file " << path << ": " << std::strerror(errno),
-              "check the path and its permissions");
-  std::string block(kUserBlock, '\0');
-  in.read(block.data(), static_cast<std::streamsize>(block.size()));
-  const bool full = in.gcount() == static_cast<std::streamsize>(kUserBlock);
-  GPT2P_CHECK(full && block.compare(0, std::strlen(kBlockMagic), kBlockMagic) == 0,
-              "dataset file " << path << " has no gpt2p checksum block", remake << path);
-  unsigned long long want_hash = 0, want_bytes = 0;
-  GPT2P_CHECK(std::sscanf(block.c_str() + std::strlen(kBlockMagic), "fnv1a64 %16llx bytes %llu",
-                          &want_hash, &want_bytes) == 2,
-              "dataset file " << path << ": its checksum block is unreadable", remake << path);
-  Fnv1a sum;
-  uint64_t bytes = 0;
-  std::vector<char> buf(size_t{1} << 20);
-  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
-    sum.add(buf.data(), static_cast<size_t>(in.gcount()));
-    bytes += static_cast<uint64_t>(in.gcount());
-  }
-  GPT2P_CHECK(!in.bad(), "reading dataset file " << path << " failed: " << std::strerror(errno),
-              "check the disk");
-  GPT2P_CHECK(bytes == want_bytes && sum.h == want_hash,
-              "dataset file " << path << " does not match its checksum (" << bytes + kUserBlock
-                              << " bytes, fnv1a64 " << hex16(sum.h) << "; written as "
-                              << want_bytes + kUserBlock << " bytes, " << hex16(want_hash) << ")",
-              remake << path);
-}
-
-}  // namespace
-
 void write_dataset_file(const std::string& path, const DatasetMeta& meta,
                         const std::map<std::string, Split>& splits) {
   for (const auto& name : split_names()) {
@@ -346,7 +277,7 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
     // file of that name (the core driver would read it into memory).
     const std::string h5_name = path + ".in-memory." + std::to_string(::getpid());
     H5::FileCreatPropList with_block;
-    with_block.setUserblock(kUserBlock);
+    with_block.setUserblock(kDatasetUserBlock);
     H5::H5File file(h5_name, H5F_ACC_TRUNC, with_block, in_memory);
     set_attr(file, "format", std::string(kDatasetFormat));
     set_attr(file, "tokenizer_identity", meta.tokenizer_identity);
@@ -355,7 +286,7 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
     set_attr(file, "eos_en_id", static_cast<int64_t>(meta.special.eos_en));
     set_attr(file, "pad_id", static_cast<int64_t>(meta.special.pad));
     set_attr(file, "source", meta.source);
-    set_attr(file, "created", meta.created.empty() ? utc_now() : meta.created);
+    set_attr(file, "created", meta.created.empty() ? utc_timestamp() : meta.created);
     for (const auto& name : split_names()) {
       const Split& s = splits.at(name);
       set_attr(file, ("n_" + name).c_str(), s.size());
@@ -377,45 +308,42 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
     GPT2P_FAIL("building dataset file " << path << " in memory failed: " << e.getDetailMsg(),
                "check that the machine has free memory for the dataset");
   }
-  GPT2P_CHECK(image.size() > kUserBlock,
+  GPT2P_CHECK(image.size() > kDatasetUserBlock,
               "building dataset file " << path << " in memory failed: HDF5 gave no file image",
               "check that the machine has free memory for the dataset");
   // HDF5 1.10's image of a core file starts at its superblock, without the user block that the
   // superblock declares: put the block in front of it.
-  static const std::string kSignature("\x89HDF\r\n\x1a\n", 8);
-  if (image.compare(0, kSignature.size(), kSignature) == 0) image.insert(0, kUserBlock, '\0');
-  GPT2P_CHECK(image.compare(kUserBlock, kSignature.size(), kSignature) == 0,
+  if (image.compare(0, kSignature.size(), kSignature) == 0) {
+    image.insert(0, kDatasetUserBlock, '\0');
+  }
+  GPT2P_CHECK(image.compare(kDatasetUserBlock, kSignature.size(), kSignature) == 0,
               "building dataset file " << path << " in memory failed: no HDF5 superblock after "
-                                       << kUserBlock << " bytes",
+                                       << kDatasetUserBlock << " bytes",
               "report this with the HDF5 version");
-  Fnv1a sum;
-  sum.add(image.data() + kUserBlock, image.size() - kUserBlock);
-  const std::string line = block_line(sum.h, image.size() - kUserBlock);
-  std::fill(image.begin(), image.begin() + kUserBlock, '\0');
-  std::copy(line.begin(), line.end(), image.begin());
+  seal_dataset_image(image);
   write_bytes_atomically(path, image);
 }
 
-DatasetFile DatasetFile::open(const std::string& path) {
-  GPT2P_CHECK(
-      std::filesystem::exists(path), "dataset file " << path << " does not exist",
-      "create it with prepare_data --out " << path << " (default .cache/data/ding-gpt2.h5)");
+DatasetFile DatasetFile::from_image(const std::string& image, const std::string& path) {
   H5::Exception::dontPrint();
-  GPT2P_CHECK(std::filesystem::is_regular_file(path),
-              "dataset file " << path << " is not a regular file (a directory, device or pipe)",
+  GPT2P_CHECK(image.size() > kDatasetUserBlock + kSignature.size() &&
+                  image.compare(kDatasetUserBlock, kSignature.size(), kSignature) == 0,
+              "dataset file " << path << " is not an HDF5 file with a " << kDatasetUserBlock
+                              << "-byte block",
               "pass the .h5 file written by prepare_data");
-  verify_user_block(path);
-  bool is_hdf5 = false;
-  try {
-    is_hdf5 = H5::H5File::isHdf5(path);
-  } catch (const H5::Exception&) {
-  }
-  GPT2P_CHECK(is_hdf5, "dataset file " << path << " is not an HDF5 file",
-              "pass the .h5 file written by prepare_data");
+  const auto file_size = static_cast<hsize_t>(image.size());
   DatasetFile d;
   d.path_ = path;
   try {
-    H5::H5File file(path, H5F_ACC_RDONLY);
+    // The core driver reads the image it is given. The name is only a name, but it must not
+    // exist: the driver refuses to open an image under the name of an existing file.
+    H5::FileAccPropList in_memory;
+    in_memory.setCore(size_t{1} << 20, false);
+    if (H5Pset_file_image(in_memory.getId(), const_cast<char*>(image.data()), image.size()) < 0) {
+      throw H5::FileIException("H5Pset_file_image", "cannot hand the file image to HDF5");
+    }
+    const std::string h5_name = path + ".in-memory." + std::to_string(::getpid());
+    H5::H5File file(h5_name, H5F_ACC_RDONLY, H5::FileCreatPropList::DEFAULT, in_memory);
     const std::string format =
         file.attrExists("format") ? get_str_attr(file, "format", path) : std::string("(none)");
     GPT2P_CHECK(format == kDatasetFormat,
@@ -430,23 +358,51 @@ DatasetFile DatasetFile::open(const std::string& path) {
     d.meta_.source = get_str_attr(file, "source", path);
     d.meta_.created = get_str_attr(file, "created", path);
     for (const auto& name : split_names()) {
-      const std::string where = path + ":/" + name;
-      GPT2P_CHECK(file.nameExists(name), where << " is missing",
+      const Array a{path + ":/" + name, file_size};
+      GPT2P_CHECK(file.nameExists(name), a.where << " is missing",
                   "rerun prepare_data to rebuild the dataset file");
       H5::Group g = file.openGroup(name);
-      d.splits_.emplace(
-          name, Split::from_arrays(
-                    read_array<int32_t>(g, "tokens", H5::PredType::NATIVE_INT32, where),
-                    read_array<int64_t>(g, "offsets", H5::PredType::NATIVE_INT64, where),
-                    read_array<int32_t>(g, "src_lengths", H5::PredType::NATIVE_INT32, where),
-                    read_strings(g, "text_de", where), read_strings(g, "text_en", where), where));
-      check_token_ids(d.splits_.at(name), d.meta_.vocab_size, where);
+      d.splits_.emplace(name,
+                        Split::from_arrays(
+                            read_array<int32_t>(g, "tokens", H5::PredType::NATIVE_INT32, a),
+                            read_array<int64_t>(g, "offsets", H5::PredType::NATIVE_INT64, a),
+                            read_array<int32_t>(g, "src_lengths", H5::PredType::NATIVE_INT32, a),
+                            read_strings(g, "text_de", a), read_strings(g, "text_en", a), a.where));
+      check_token_ids(d.splits_.at(name), d.meta_.vocab_size, a.where);
     }
   } catch (const H5::Exception& e) {
     GPT2P_FAIL("reading dataset file " << path << " failed: " << e.getDetailMsg(),
                "the file may be damaged: rerun prepare_data");
   }
   return d;
+}
+
+DatasetFile DatasetFile::open(const std::string& path) {
+  GPT2P_CHECK(
+      std::filesystem::exists(path), "dataset file " << path << " does not exist",
+      "create it with prepare_data --out " << path << " (default .cache/data/ding-gpt2.h5)");
+  GPT2P_CHECK(std::filesystem::is_regular_file(path),
+              "dataset file " << path << " is not a regular file (a directory, device or pipe)",
+              "pass the .h5 file written by prepare_data");
+  const std::string image = read_sealed_dataset(path);
+  // A file crafted with a valid checksum can still crash or hang libhdf5: read it in a child
+  // first (core/isolated.h). What the child finishes, the parent reads the same way.
+  constexpr double kProbeSeconds = 60.0;
+  const IsolatedRun probe = run_isolated([&] { from_image(image, path); }, kProbeSeconds);
+  if (probe.kind == IsolatedRun::Kind::kNoFork) {
+    std::fprintf(stderr,
+                 "warning: dataset file %s is read without isolation: the reading "
+                 "process %s\n",
+                 path.c_str(), probe.describe(kProbeSeconds).c_str());
+    std::fflush(stderr);
+  } else {
+    GPT2P_CHECK(
+        probe.finished(),
+        "dataset file " << path << " cannot be read: the HDF5 library "
+                        << probe.describe(kProbeSeconds) << " reading it",
+        "the file is damaged or was crafted: re-create it with prepare_data --out " << path);
+  }
+  return from_image(image, path);
 }
 
 void DatasetFile::require_tokenizer(const std::string& identity, int32_t vocab_size) const {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <sstream>
 
 #include "gpt2p/core/error.h"
 
@@ -20,7 +22,8 @@ nlohmann::json parse_json(std::string_view text, const std::string& source, cons
   // The parser reports the depth of each object or array it starts (0: the outermost); one too
   // deep is discarded (the parser itself does not recurse) and the whole input refused below.
   bool too_deep = false;
-  const nlohmann::json::parser_callback_t limit = [&](int depth, nlohmann::json::parse_event_t event,
+  const nlohmann::json::parser_callback_t limit = [&](int depth,
+                                                      nlohmann::json::parse_event_t event,
                                                       nlohmann::json&) {
     using Event = nlohmann::json::parse_event_t;
     if ((event == Event::object_start || event == Event::array_start) && depth >= kJsonMaxDepth) {
@@ -43,8 +46,8 @@ nlohmann::json parse_json(std::string_view text, const std::string& source, cons
 
 std::string read_bounded_file(const std::string& path, const std::string& hint, size_t max_bytes) {
   struct stat st {};
-  GPT2P_CHECK(::stat(path.c_str(), &st) == 0, "cannot open " << path << ": " << std::strerror(errno),
-              hint);
+  GPT2P_CHECK(::stat(path.c_str(), &st) == 0,
+              "cannot open " << path << ": " << std::strerror(errno), hint);
   GPT2P_CHECK(S_ISREG(st.st_mode),
               path << " is not a regular file (a directory, device or pipe): refusing to read it",
               hint);
@@ -73,16 +76,89 @@ nlohmann::json read_json_file(const std::string& path, const std::string& hint, 
 
 const char* json_type_name(const nlohmann::json& value) {
   switch (value.type()) {
-    case nlohmann::json::value_t::object: return "an object";
-    case nlohmann::json::value_t::array: return "an array";
-    case nlohmann::json::value_t::string: return "a string";
-    case nlohmann::json::value_t::boolean: return "a boolean";
+    case nlohmann::json::value_t::object:
+      return "an object";
+    case nlohmann::json::value_t::array:
+      return "an array";
+    case nlohmann::json::value_t::string:
+      return "a string";
+    case nlohmann::json::value_t::boolean:
+      return "a boolean";
     case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned: return "an integer";
-    case nlohmann::json::value_t::number_float: return "a number";
-    case nlohmann::json::value_t::null: return "null";
-    default: return "a binary value";
+    case nlohmann::json::value_t::number_unsigned:
+      return "an integer";
+    case nlohmann::json::value_t::number_float:
+      return "a number";
+    case nlohmann::json::value_t::null:
+      return "null";
+    default:
+      return "a binary value";
   }
+}
+
+namespace {
+const char* type_wanted(JsonType type) {
+  switch (type) {
+    case JsonType::kObject:
+      return "an object";
+    case JsonType::kArray:
+      return "an array";
+    case JsonType::kString:
+      return "a string";
+    case JsonType::kInteger:
+      return "an integer";
+    case JsonType::kNumber:
+      return "a number";
+  }
+  return "a value";
+}
+
+bool has_type(const nlohmann::json& value, JsonType type) {
+  switch (type) {
+    case JsonType::kObject:
+      return value.is_object();
+    case JsonType::kArray:
+      return value.is_array();
+    case JsonType::kString:
+      return value.is_string();
+    case JsonType::kInteger:
+      return value.is_number_integer();
+    case JsonType::kNumber:
+      return value.is_number();
+  }
+  return false;
+}
+}  // namespace
+
+const nlohmann::json& json_field(const nlohmann::json& object, const std::string& key,
+                                 JsonType type, const std::string& source,
+                                 const std::string& hint) {
+  GPT2P_CHECK(object.is_object(),
+              source << " is " << json_type_name(object) << ", not a JSON object", hint);
+  const auto it = object.find(key);
+  GPT2P_CHECK(it != object.end(), source << " has no \"" << key << "\"", hint);
+  GPT2P_CHECK(
+      has_type(*it, type),
+      source << ": \"" << key << "\" is " << json_type_name(*it) << ", not " << type_wanted(type),
+      hint);
+  return *it;
+}
+
+int64_t json_int_field(const nlohmann::json& object, const std::string& key, int64_t lo, int64_t hi,
+                       const std::string& source, const std::string& hint) {
+  const auto& v = json_field(object, key, JsonType::kInteger, source, hint);
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) && hi >= 0
+                        : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  std::ostringstream range;
+  if (hi == std::numeric_limits<int64_t>::max()) {
+    range << "not >= " << lo;
+  } else {
+    range << "outside [" << lo << ", " << hi << "]";
+  }
+  GPT2P_CHECK(fits && (!v.is_number_unsigned() || lo <= static_cast<int64_t>(v.get<uint64_t>())),
+              source << ": \"" << key << "\" is " << v.dump() << ", " << range.str(), hint);
+  return v.get<int64_t>();
 }
 
 }  // namespace gpt2p::io

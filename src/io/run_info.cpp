@@ -5,7 +5,6 @@
 
 #include <array>
 #include <boost/version.hpp>
-#include <ctime>
 
 #include "gpt2p/build_info.h"
 
@@ -30,15 +29,6 @@ nlohmann::json library_versions() {
                         std::to_string(BOOST_VERSION / 100 % 1000)},
           {"compiler", build_info::kCompiler},
           {"cuda_build", build_info::kWithCuda}};
-}
-
-std::string utc_timestamp() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  std::array<char, 32> buf{};
-  std::strftime(buf.data(), buf.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf.data();
 }
 
 }  // namespace gpt2p::io

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/process_info.h"
 #include "gpt2p/io/action_ops.h"
 #include "gpt2p/io/run_info.h"
 

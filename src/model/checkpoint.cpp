@@ -106,13 +106,14 @@ void verify_file(const nlohmann::json& meta, const std::string& dir, const std::
                  const std::string& bytes, const LoadOptions& options) {
   if (!meta.contains("files")) {
     GPT2P_CHECK(options.allow_unverified,
-                "checkpoint " << dir << ": " << kMetaFile
-                              << " lists no checksums (\"files\"), so " << name
-                              << " cannot be verified",
+                "checkpoint " << dir << ": " << kMetaFile << " lists no checksums (\"files\"), so "
+                              << name << " cannot be verified",
                 "use a checkpoint this version wrote, or pass --allow-unverified-checkpoint to "
                 "load it unchecked");
-    std::fprintf(stderr, "warning: checkpoint %s: %s lists no checksums; %s is loaded unverified "
-                 "(--allow-unverified-checkpoint)\n", dir.c_str(), kMetaFile, name.c_str());
+    std::fprintf(stderr,
+                 "warning: checkpoint %s: %s lists no checksums; %s is loaded unverified "
+                 "(--allow-unverified-checkpoint)\n",
+                 dir.c_str(), kMetaFile, name.c_str());
     std::fflush(stderr);
     return;
   }
@@ -186,10 +187,10 @@ void check_finite(const std::string& dir, const GPT2Impl& model,
       tensors = {s->momentum_buffer()};
     }
     for (const auto& t : tensors) {
-      GPT2P_CHECK(finite(t),
-                  "not saving: the optimizer state is not finite at step "
-                      << step << " (" << kept << ")",
-                  fix);
+      GPT2P_CHECK(
+          finite(t),
+          "not saving: the optimizer state is not finite at step " << step << " (" << kept << ")",
+          fix);
     }
   }
 }
@@ -216,7 +217,9 @@ void check_loaded_finite(const GPT2Impl& model, const std::string& path) {
   std::string fix;
   switch (e.error_number()) {
     case ENOSPC:
-    case EDQUOT: fix = "free disk space or point --out elsewhere"; break;
+    case EDQUOT:
+      fix = "free disk space or point --out elsewhere";
+      break;
     case EROFS:
       fix = (parent.empty() ? std::string(".") : parent) +
             " is on a read-only file system: point --out at a writable directory";
@@ -226,7 +229,9 @@ void check_loaded_finite(const GPT2Impl& model, const std::string& path) {
       fix = "make " + (parent.empty() ? std::string(".") : parent) +
             " writable for this user or point --out elsewhere";
       break;
-    default: fix = e.hint(); break;
+    default:
+      fix = e.hint();
+      break;
   }
   throw FileError(e.error_number(), e.what_happened(), fix + "; " + kept, __FILE__, __LINE__);
 }
@@ -371,10 +376,10 @@ TrainState load_checkpoint(const std::string& dir, GPT2Impl& model,
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      GPT2P_FAIL("the optimizer state " << path << " does not fit this optimizer: "
-                                        << torch_message(e),
-                 "resume with the optimizer and model the checkpoint was written with, or "
-                 "resume from an earlier copy if it is corrupt");
+      GPT2P_FAIL(
+          "the optimizer state " << path << " does not fit this optimizer: " << torch_message(e),
+          "resume with the optimizer and model the checkpoint was written with, or "
+          "resume from an earlier copy if it is corrupt");
     }
   }
   return state;
@@ -410,53 +415,80 @@ bool is_checkpoint_dir(const std::string& dir) {
 }
 
 GPT2Config checkpoint_config(const std::string& dir) {
-  return config_from_json(read_meta(dir).at("model_config"));
+  const std::string path = (fs::path(dir) / kMetaFile).string();
+  const auto meta = read_meta(dir);
+  const auto& j = io::json_field(meta, "model_config", io::JsonType::kObject, path, kCorruptFix);
+  try {
+    return config_from_json(j);
+  } catch (const Error& e) {
+    GPT2P_FAIL(path << ": \"model_config\": " << e.what_happened(), kCorruptFix);
+  }
 }
 
 LayerRange checkpoint_range(const std::string& dir) {
-  const auto r = read_meta(dir).at("layer_range");
-  return LayerRange{r.at(0).get<int>(), r.at(1).get<int>()};
+  const auto meta = read_meta(dir);
+  const std::string path = (fs::path(dir) / kMetaFile).string();
+  const GPT2Config config = checkpoint_config(dir);
+  const auto& r = io::json_field(meta, "layer_range", io::JsonType::kArray, path, kCorruptFix);
+  // Layer 0 is the embedding and n_layer + 1 the final norm and head
+  // (GPT2Config::layer_parameters).
+  const int64_t last = config.n_layer + 2;
+  const bool ok = r.size() == 2 && r[0].is_number_integer() && r[1].is_number_integer() &&
+                  r[0].get<int64_t>() >= 0 && r[0].get<int64_t>() < r[1].get<int64_t>() &&
+                  r[1].get<int64_t>() <= last;
+  GPT2P_CHECK(ok,
+              path << ": \"layer_range\" is " << r.dump()
+                   << ", not [begin, end] with 0 <= begin < end <= " << last
+                   << " (the model_config's n_layer + 2)",
+              kCorruptFix);
+  return LayerRange{static_cast<int>(r[0].get<int64_t>()), static_cast<int>(r[1].get<int64_t>())};
 }
 
 TrainState read_train_state(const std::string& dir) {
   const auto meta = read_meta(dir);
   TrainState s;
   const std::string path = (fs::path(dir) / kMetaFile).string();
-  // A count of steps, epochs or batches: an integer >= 0.
   const auto count = [&](const char* key) {
-    GPT2P_CHECK(meta.contains(key), path << ": no \"" << key << "\"", kCorruptFix);
-    const auto& v = meta.at(key);
-    GPT2P_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
-                path << ": \"" << key << "\" is " << v.dump() << ", not a count >= 0",
-                kCorruptFix);
-    GPT2P_CHECK(v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                path << ": \"" << key << "\" is " << v.dump() << ", past any run's length",
-                kCorruptFix);
-    return v.get<int64_t>();
+    return io::json_int_field(meta, key, 0, std::numeric_limits<int64_t>::max(), path, kCorruptFix);
   };
   s.step = count("step");
   s.epoch = count("epoch");
   s.batch_in_epoch = count("batch_in_epoch");
-  try {
-    s.seed = meta.at("seed").get<uint64_t>();
-    s.rng_state = from_hex(meta.at("rng_state").get<std::string>(), dir, "rng_state");
-    if (meta.contains("rank_rng_states")) {
-      const auto& states = meta.at("rank_rng_states");
-      for (size_t r = 0; r < states.size(); ++r) {
-        s.rank_rng_states.push_back(from_hex(states.at(r).get<std::string>(), dir,
-                                             "rank_rng_states[" + std::to_string(r) + "]"));
-      }
+  const auto& seed = io::json_field(meta, "seed", io::JsonType::kInteger, path, kCorruptFix);
+  GPT2P_CHECK(seed.is_number_unsigned() || seed.get<int64_t>() >= 0,
+              path << ": \"seed\" is " << seed.dump() << ", not a seed >= 0", kCorruptFix);
+  s.seed = seed.get<uint64_t>();
+  s.rng_state = from_hex(io::json_field(meta, "rng_state", io::JsonType::kString, path, kCorruptFix)
+                             .get<std::string>(),
+                         dir, "rng_state");
+  if (meta.contains("rank_rng_states")) {
+    const auto& states =
+        io::json_field(meta, "rank_rng_states", io::JsonType::kArray, path, kCorruptFix);
+    for (size_t r = 0; r < states.size(); ++r) {
+      GPT2P_CHECK(states[r].is_string(),
+                  path << ": \"rank_rng_states\"[" << r << "] is " << io::json_type_name(states[r])
+                       << ", not a hex string",
+                  kCorruptFix);
+      s.rank_rng_states.push_back(from_hex(states[r].get<std::string>(), dir,
+                                           "rank_rng_states[" + std::to_string(r) + "]"));
     }
-    s.config = meta.value("config", nlohmann::json());
-  } catch (const nlohmann::json::exception& e) {
-    GPT2P_FAIL("checkpoint " << dir << ": " << kMetaFile << " is incomplete: " << e.what(),
-               "the checkpoint is corrupt or from another version; re-create it");
+  }
+  if (meta.contains("config") && !meta["config"].is_null()) {  // null: none was recorded
+    s.config = io::json_field(meta, "config", io::JsonType::kObject, path, kCorruptFix);
   }
   return s;
 }
 
 GPT2 load_model(const std::string& dir, const LoadOptions& options) {
-  GPT2 model(checkpoint_config(dir), checkpoint_range(dir));
+  const GPT2Config config = checkpoint_config(dir);
+  const LayerRange range = checkpoint_range(dir);
+  const fs::path weights = fs::path(dir) / kModelFile;
+  GPT2P_CHECK(fs::is_regular_file(weights),
+              "checkpoint " << dir << " has no " << kModelFile << " (a regular file)", kCorruptFix);
+  check_config_fits_weights(config, range.begin, range.end, config.padded_vocab_size(),
+                            fs::file_size(weights), (fs::path(dir) / kMetaFile).string(),
+                            weights.string());
+  GPT2 model(config, range);
   load_checkpoint(dir, *model, nullptr, options);
   return model;
 }
@@ -478,14 +510,13 @@ nlohmann::json read_checkpoint_manifest(const std::string& dir) {
                   << "): it was interrupted while being written",
               "resume from the previous one");
   const nlohmann::json manifest = io::read_json_file(path, kCorruptFix);
-  GPT2P_CHECK(manifest.is_object() && manifest.contains("format") &&
-                  manifest["format"] == kSetFormat,
-              path << " is not a gpt2p checkpoint manifest (format "
-                   << (manifest.is_object() && manifest.contains("format")
-                           ? manifest["format"].dump()
-                           : "<none>")
-                   << ")",
-              "pass the root directory of a multi-part checkpoint");
+  GPT2P_CHECK(
+      manifest.is_object() && manifest.contains("format") && manifest["format"] == kSetFormat,
+      path << " is not a gpt2p checkpoint manifest (format "
+           << (manifest.is_object() && manifest.contains("format") ? manifest["format"].dump()
+                                                                   : "<none>")
+           << ")",
+      "pass the root directory of a multi-part checkpoint");
   return manifest;
 }
 

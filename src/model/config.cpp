@@ -21,13 +21,40 @@ int64_t GPT2Config::layer_parameters(int64_t layer) const {
   return 4 * c + (3 * c * c + 3 * c) + (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c);
 }
 
+int64_t GPT2Config::range_parameters(int64_t begin, int64_t end, int64_t vocab_rows) const {
+  int64_t total = 0;
+  for (int64_t l = begin; l < end; ++l) total += layer_parameters(l);
+  if (begin == 0 && end > 0) total -= (padded_vocab_size() - vocab_rows) * n_embd;
+  return total;
+}
+
 int64_t GPT2Config::num_parameters() const {
   int64_t total = 0;
   for (int64_t l = 0; l < num_stage_layers(); ++l) total += layer_parameters(l);
   return total;
 }
 
+namespace {
+// Far beyond any GPT-2 (gpt2-xl: 48 layers, 1600 wide), small enough that every parameter count
+// fits 64 bits: 12 * 65536^2 * 4096 layers + 2^24 * 65536 < 2^62.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxWidth = 65536;
+constexpr int64_t kMaxContext = int64_t{1} << 24;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
+void check_bound(const char* field, int64_t value, int64_t max) {
+  GPT2P_CHECK(value <= max, "GPT-2 config: " << field << " = " << value << " exceeds " << max,
+              "the config is damaged or not a GPT-2 config; use the one that came with the "
+              "weights");
+}
+}  // namespace
+
 void GPT2Config::validate() const {
+  check_bound("n_layer", n_layer, kMaxLayers);
+  check_bound("n_embd", n_embd, kMaxWidth);
+  check_bound("n_head", n_head, kMaxWidth);
+  check_bound("n_ctx", n_ctx, kMaxContext);
+  check_bound("vocab_size", vocab_size, kMaxVocab);
   GPT2P_CHECK(n_layer >= 1, "GPT-2 config: n_layer = " << n_layer << " must be >= 1",
               "use at least one transformer block");
   GPT2P_CHECK(n_head >= 1, "GPT-2 config: n_head = " << n_head << " must be >= 1",
@@ -45,6 +72,18 @@ void GPT2Config::validate() const {
               "use a probability such as 0.1, or 0 to disable dropout");
   GPT2P_CHECK(layer_norm_eps > 0.0,
               "GPT-2 config: layer_norm_eps = " << layer_norm_eps << " must be > 0", "use 1e-5");
+}
+
+void check_config_fits_weights(const GPT2Config& c, int64_t begin, int64_t end, int64_t vocab_rows,
+                               uint64_t data_bytes, const std::string& config_source,
+                               const std::string& weights_path) {
+  const int64_t values = c.range_parameters(begin, end, vocab_rows);
+  GPT2P_CHECK(static_cast<uint64_t>(values) <= data_bytes / 2,
+              config_source << " describes " << values << " parameters (" << describe(c)
+                            << ", layers [" << begin << ", " << end << ")), but " << weights_path
+                            << " holds only " << data_bytes << " bytes of weights",
+              "the config does not belong to these weights: use the config they were saved "
+              "with");
 }
 
 bool GPT2Config::operator==(const GPT2Config& o) const {

@@ -36,9 +36,10 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 double hf_float(const nlohmann::json& j, const char* key, const std::string& path) {
-  GPT2P_CHECK(j[key].is_number(), path << ": field '" << key << "' is "
-                                        << io::json_type_name(j[key]) << ", not a number",
-              "fix or re-create the file");
+  GPT2P_CHECK(
+      j[key].is_number(),
+      path << ": field '" << key << "' is " << io::json_type_name(j[key]) << ", not a number",
+      "fix or re-create the file");
   return j[key].get<double>();
 }
 
@@ -183,7 +184,14 @@ void import_hf(const std::string& dir, GPT2Impl& model) {
 }
 
 GPT2 load_hf(const std::string& dir, int64_t extra_vocab) {
-  GPT2 model(read_hf_config(dir, extra_vocab));
+  const GPT2Config config = read_hf_config(dir, extra_vocab);
+  const fs::path weights = fs::path(dir) / "model.safetensors";
+  GPT2P_CHECK(fs::is_regular_file(weights), dir << " has no model.safetensors (a regular file)",
+              "pass a Hugging Face GPT-2 directory (config.json and model.safetensors)");
+  check_config_fits_weights(config, 0, config.num_stage_layers(), config.vocab_size - extra_vocab,
+                            fs::file_size(weights), (fs::path(dir) / "config.json").string(),
+                            weights.string());
+  GPT2 model(config);
   import_hf(dir, *model);
   return model;
 }

@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "gpt2p/cli/main_guard.h"
-#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/compat/rng.h"
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -80,10 +82,10 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
   cli::on_every_rank(
       [&] {
         if (!leader) return;
-        GPT2P_CHECK(remove_tree(staging),
-                    "cannot remove the unfinished checkpoint " << staging << ": "
-                                                               << std::strerror(errno),
-                    "remove it by hand, or check the permissions of --out");
+        GPT2P_CHECK(
+            remove_tree(staging),
+            "cannot remove the unfinished checkpoint " << staging << ": " << std::strerror(errno),
+            "remove it by hand, or check the permissions of --out");
       },
       timeout);
   // 2. Every rank its parts; 3. rank 0 commits once all are there.
@@ -146,17 +148,22 @@ void check_stage_checkpoint(const std::string& root, int n_stages, int dp) {
     return;
   }
   const auto manifest = model::read_checkpoint_manifest(root);
-  const auto stages = manifest.value("stages", -1);
+  const std::string path = root + "/manifest.json";
+  const char* corrupt = "the checkpoint is corrupt: resume from an earlier copy";
+  const auto field = [&](const char* key, int64_t lo, int64_t hi) {
+    return io::json_int_field(manifest, key, lo, hi, path, corrupt);
+  };
+  const int64_t stages = field("stages", 1, 1 << 20);
   GPT2P_CHECK(stages == n_stages,
               "--resume " << root << " holds " << stages << " stages, this run has " << n_stages,
               "resume with the ranks and --stages-per-rank of the run that wrote it");
   // A replica's batches depend on D: the data position of another D is another batch.
-  const int written_dp = manifest.value("dp", 1);
+  const int64_t written_dp = manifest.contains("dp") ? field("dp", 1, 1 << 20) : 1;
   GPT2P_CHECK(written_dp == dp,
-              "--resume " << root << " was written with --dp " << written_dp << ", this run has --dp "
-                          << dp,
+              "--resume " << root << " was written with --dp " << written_dp
+                          << ", this run has --dp " << dp,
               "resume with --dp " << written_dp << " (and its number of ranks)");
-  const auto step = manifest.value("step", int64_t{-1});
+  const int64_t step = field("step", 0, std::numeric_limits<int64_t>::max());
   for (int s = 0; s < n_stages; ++s) {
     const std::string dir = root + "/stage" + std::to_string(s);
     const auto state = model::read_train_state(dir);

@@ -18,6 +18,7 @@
 #include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/process_info.h"
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/io/run_info.h"
 
@@ -180,7 +181,7 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
                               {"signal", signal_name(signal)},
                               {"step", step},
                               {"checkpoint", checkpoint},
-                              {"time", io::utc_timestamp()},
+                              {"time", utc_timestamp()},
                               {"pid", static_cast<int64_t>(getpid())}};
   try {
     write_text_atomically(out + "/stopped.json", record.dump(1) + "\n");

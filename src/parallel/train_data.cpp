@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/fnv1a.h"
 
 namespace gpt2p::parallel {
 
@@ -12,17 +13,11 @@ namespace {
 
 // 64-bit FNV-1a over the split's token, offset and length arrays, as 16 hex digits.
 std::string fingerprint(const data::Split& split) {
-  uint64_t h = 14695981039346656037ULL;
-  const auto add = [&](const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
-  };
-  add(split.tokens().data(), split.tokens().size() * sizeof(int32_t));
-  add(split.offsets().data(), split.offsets().size() * sizeof(int64_t));
-  add(split.src_lengths().data(), split.src_lengths().size() * sizeof(int32_t));
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return hex;
+  Fnv1a64 h;
+  h.add(split.tokens().data(), split.tokens().size() * sizeof(int32_t));
+  h.add(split.offsets().data(), split.offsets().size() * sizeof(int64_t));
+  h.add(split.src_lengths().data(), split.src_lengths().size() * sizeof(int32_t));
+  return h.hex();
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ def read_cases(path):
             sys.exit(f"{path}:{n}: {len(cols)} tab-separated columns, expected 7")
         name, rc, secs, setup, guard, pattern, command = cols
         cases.append({"name": name, "rc": rc, "secs": float(secs),
-                      "setup": [] if setup == "-" else setup.split(","),
+                      "setup": [] if setup == "-" else re.split(r",(?=[a-z_]+(?:=|,|$))", setup),
                       "guard": None if guard == "-" else guard, "stderr": pattern,
                       "command": command, "line": n})
     names = [c["name"] for c in cases]
@@ -328,6 +328,13 @@ def prepare(case, w, fx):
         elif key == "data_flip":  # $W/flipped.h5: the dataset with bytes in its middle inverted
             shutil.copyfile(fx.data(), w / "flipped.h5")
             flip_middle(w / "flipped.h5")
+        elif key == "data_craft":  # data_craft=N: $W/crafted.h5, 64 bytes from N inverted, resealed
+            data = bytearray(Path(fx.data()).read_bytes())
+            at = len(data) // 2 if arg == "middle" else int(arg)
+            for i in range(at, min(at + 64, len(data))):
+                data[i] ^= 0xFF
+            (w / "crafted.h5").write_bytes(bytes(data))
+            reseal(w / "crafted.h5")
         elif key == "empty_validation":
             make_empty_validation(fx.data(), w / "empty.h5")
         elif key == "float_tokens":

@@ -2,7 +2,7 @@
 // programs make: JSON (io::parse_json, io::read_json_file), safetensors headers
 // (io::parse_safetensors_header), GPT-2 vocabularies (data::BpeTokenizer::from_dir), corpora
 // (data::read_jsonl, data::read_parallel, data::read_ding) and dataset files
-// (data::DatasetFile::open).
+// (data::DatasetFile::open and ::from_image).
 //
 // Each iteration builds a valid input of one kind (in memory, from nothing outside this program),
 // mutates it with a random generator seeded by (seed, iteration) alone, and runs the parser on it.
@@ -13,11 +13,15 @@
 // memory error or undefined behaviour. The input of a finding is saved to
 // <findings-dir>/<parser>-seed<S>-iter<I>/ and the line that reports it says how to replay it.
 //
-// Dataset files run in a child process each. libhdf5 (1.10) itself crashes, hangs or allocates
-// without bound on some files whose bytes were changed after it wrote them, which no caller can
-// prevent: such a failure (inside libhdf5, on memory that libhdf5 owns, on a byte-corrupted
-// file) is printed and counted as a "libhdf5 crash", not as a finding, unless --strict-hdf5.
-// Any failure on a file that HDF5 wrote itself, and any on memory of the project's, is a finding.
+// Dataset files run in a child process each. Most are sealed after they are changed (a valid
+// checksum block, data/dataset_seal.h, as a deliberately crafted file would have), so that the
+// HDF5 reading behind the checksum is what is fuzzed, through DatasetFile::from_image; the rest go
+// through DatasetFile::open, checksum and isolated probe included. libhdf5 (1.10) itself crashes,
+// hangs or allocates without bound on some files whose bytes were changed after it wrote them:
+// from_image cannot prevent that (open turns it into an error line), so such a failure (inside
+// libhdf5, on memory that libhdf5 owns, on a byte-corrupted file) is printed and counted as a
+// "libhdf5 crash", not as a finding, unless --strict-hdf5. Any failure on a file that HDF5 wrote
+// itself, and any on memory of the project's, is a finding.
 //
 //   fuzz_parsers --seconds 60                        # random seed, printed
 //   fuzz_parsers --seed 7 --iterations 20000         # the same run again
@@ -62,6 +66,7 @@
 #include "gpt2p/data/byte_unicode.h"
 #include "gpt2p/data/corpus.h"
 #include "gpt2p/data/dataset_file.h"
+#include "gpt2p/data/dataset_seal.h"
 #include "gpt2p/data/ding.h"
 #include "gpt2p/io/json_input.h"
 #include "gpt2p/io/safetensors_header.h"
@@ -873,7 +878,9 @@ void put_strings(H5::Group& g, const char* name, const std::vector<std::string>&
 }
 
 void make_h5_variant(const std::string& path, Rng& r) {
-  H5::H5File file(path, H5F_ACC_TRUNC);
+  H5::FileCreatPropList with_block;  // the layout of a dataset file: a user block, then HDF5
+  with_block.setUserblock(gpt2p::data::kDatasetUserBlock);
+  H5::H5File file(path, H5F_ACC_TRUNC, with_block);
   auto maybe = [&](int64_t v) { return chance(r, 0.1) ? pick(r, interesting_i64()) : v; };
   put_attr(file, "format", true,
            chance(r, 0.95) ? gpt2p::data::kDatasetFormat : "gpt2p-translation-v0", 0, r);
@@ -1323,6 +1330,7 @@ Target hdf5_target() {
             Input in;
             std::string bytes;
             // knob bit 0: the bytes were changed after HDF5 wrote them (a corrupt file).
+            // knob bit 1: then sealed with a valid checksum block, and read by from_image.
             if (chance(r, 0.5)) {
               in.knob = 1;
               bytes = g_h5_seed;
@@ -1353,6 +1361,10 @@ Target hdf5_target() {
                 }
               }
             }
+            if (bytes.size() > gpt2p::data::kDatasetUserBlock && chance(r, 0.85)) {
+              gpt2p::data::seal_dataset_image(bytes);
+              in.knob |= 2;
+            }
             in.files.push_back({"data.h5", bytes});
             return in;
           },
@@ -1360,7 +1372,12 @@ Target hdf5_target() {
             const std::string dir = materialise(in, iteration);
             std::optional<DatasetFile> d;
             try {
-              d.emplace(DatasetFile::open(dir + "/data.h5"));
+              const std::string path = dir + "/data.h5";
+              if ((in.knob & 2) != 0) {
+                d.emplace(DatasetFile::from_image(read_whole(path), path));
+              } else {
+                d.emplace(DatasetFile::open(path));
+              }
             } catch (const gpt2p::Error&) {
               cleanup(dir);
               return Outcome::kRejected;
@@ -1535,10 +1552,15 @@ RunResult run_in_child(const Target& target, const Input& input, uint64_t iterat
   }
   const std::string frame = first_own_frame(text);
   // Whose memory it was: the frame that owns the stack variable, or that allocated the block.
+  // A use after free inside libhdf5 is its own stale pointer: the block it reads was freed and
+  // handed to whoever asked next (a string of the harness, say), so that owner says nothing.
   std::string owner;
+  const bool use_after_free = text.find("heap-use-after-free") != std::string::npos;
   for (const char* marker : {"is located in stack of thread", "allocated by thread"}) {
     const size_t at = text.find(marker);
-    if (at != std::string::npos && owner.empty()) owner = first_own_frame(text.substr(at));
+    if (at != std::string::npos && owner.empty() && !use_after_free) {
+      owner = first_own_frame(text.substr(at));
+    }
   }
   // A corrupt file is libhdf5's to read safely (unless the memory it broke is the project's); a
   // well-formed file that HDF5 wrote itself is always the project's to read safely.

@@ -23,6 +23,7 @@
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/model/safetensors.h"
+#include "gpt2p/parallel/checkpoint_commit.h"
 #include "support/temp_dir.h"
 #include "support/tmpfs.h"
 #include "support/errors.h"
@@ -546,10 +547,16 @@ TEST(Checkpoint, MetaJsonCountsMustBeCountsAndDepthIsBounded) {
   const std::string good = slurp(ck + "/meta.json");
   for (const auto& [key, value, expect] :
        std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
-           {"step", -5, "\"step\" is -5, not a count >= 0"},
-           {"epoch", "x", "\"epoch\" is \"x\", not a count >= 0"},
-           {"batch_in_epoch", 1.5, "\"batch_in_epoch\" is 1.5, not a count >= 0"},
-           {"step", nlohmann::json(), "\"step\" is null, not a count >= 0"}}) {
+           {"step", -5, "\"step\" is -5, not >= 0"},
+           {"epoch", "x", "\"epoch\" is a string, not an integer"},
+           {"batch_in_epoch", 1.5, "\"batch_in_epoch\" is a number, not an integer"},
+           {"step", nlohmann::json(), "\"step\" is null, not an integer"},
+           {"seed", "7", "\"seed\" is a string, not an integer"},
+           {"rng_state", 12, "\"rng_state\" is an integer, not a string"},
+           {"rank_rng_states", "ab", "\"rank_rng_states\" is a string, not an array"},
+           {"rank_rng_states", nlohmann::json::array({"ab", 3}),
+            "\"rank_rng_states\"[1] is an integer, not a hex string"},
+           {"config", 5, "\"config\" is an integer, not an object"}}) {
     auto meta = nlohmann::json::parse(good);
     meta[key] = value;
     spit(ck + "/meta.json", meta.dump(2));
@@ -560,6 +567,58 @@ TEST(Checkpoint, MetaJsonCountsMustBeCountsAndDepthIsBounded) {
   const auto msg = error_with_hint([&] { read_train_state(ck); });
   EXPECT_NE(msg.find("meta.json: JSON nested deeper than 64 levels"), std::string::npos) << msg;
   EXPECT_FALSE(is_checkpoint_dir(ck));
+}
+
+TEST(Checkpoint, LayerRangeAndModelConfigAreCheckedBeforeAModelIsBuilt) {
+  TempDir dir;
+  Trained t;
+  const std::string ck = dir / "ck";
+  t.save(ck, 3);
+  const std::string good = slurp(ck + "/meta.json");
+  for (const auto& [key, value, expect] :
+       std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"layer_range", "0-4", "\"layer_range\" is a string, not an array"},
+           {"layer_range", nlohmann::json::array({0}), "\"layer_range\" is [0], not [begin, end]"},
+           {"layer_range", nlohmann::json::array({3, 1}), "\"layer_range\" is [3,1], not [begin, end] "
+                                                           "with 0 <= begin < end <= 4"},
+           {"layer_range", nlohmann::json::array({0, 1000000000}), "\"layer_range\" is [0,1000000000]"},
+           {"layer_range", nlohmann::json::array({"a", 2}), "\"layer_range\" is [\"a\",2], not"},
+           {"model_config", 7, "\"model_config\" is an integer, not an object"},
+           // A config that would ask for terabytes is refused before anything is allocated.
+           {"model_config", {{"n_embd", 1000000000}}, "\"model_config\": GPT-2 config: n_embd "
+                                                      "= 1000000000 exceeds 65536"}}) {
+    auto meta = nlohmann::json::parse(good);
+    meta[key] = value;
+    spit(ck + "/meta.json", meta.dump(2));
+    const auto msg = error_with_hint([&] { load_model(ck); });
+    EXPECT_NE(msg.find("meta.json: " + expect), std::string::npos) << msg;
+  }
+  // Within the bounds, but more weights than model.safetensors holds (a 2-layer file).
+  auto meta = nlohmann::json::parse(good);
+  meta["model_config"]["n_embd"] = 4096;
+  meta["model_config"]["n_head"] = 32;
+  spit(ck + "/meta.json", meta.dump(2));
+  const auto msg = error_with_hint([&] { load_model(ck); });
+  EXPECT_NE(msg.find("meta.json describes 403357696 parameters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.safetensors holds only"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("use the config they were saved with"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, ManifestFieldsMustBeCounts) {
+  TempDir dir;
+  const std::string root = dir / "set";
+  save_checkpoint(root + "/stage0", *GPT2(tiny_config(), LayerRange{0, 2}), nullptr, TrainState{});
+  for (const auto& [manifest, expect] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"stages", "1"}, {"step", 0}}, ": \"stages\" is a string, not an integer"},
+           {{{"stages", 1}, {"dp", 0}, {"step", 0}}, ": \"dp\" is 0, outside [1, 1048576]"},
+           {{{"stages", 1}, {"step", -1}}, ": \"step\" is -1, not >= 0"},
+           {{{"step", 0}}, " has no \"stages\""}}) {
+    write_checkpoint_manifest(root, manifest);
+    const auto msg = error_with_hint([&] { parallel::check_stage_checkpoint(root, 1, 1); });
+    EXPECT_NE(msg.find(root + "/manifest.json" + expect), std::string::npos) << msg;
+  }
+  write_checkpoint_manifest(root, {{"stages", 1}, {"dp", 1}, {"step", 0}});
+  EXPECT_NO_THROW(parallel::check_stage_checkpoint(root, 1, 1));
 }
 
 TEST(Checkpoint, RankRngStatesRoundTripAsHex) {

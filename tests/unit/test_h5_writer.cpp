@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/process_info.h"
 #include "gpt2p/io/action_ops.h"
 #include "gpt2p/io/h5_writer.h"
 #include "gpt2p/io/run_info.h"
@@ -119,7 +120,7 @@ TEST(RunInfo, VersionsNameTheLibraries) {
     ASSERT_TRUE(v.contains(key)) << key;
     EXPECT_FALSE(v[key].get<std::string>().empty()) << key;
   }
-  EXPECT_EQ(gpt2p::io::utc_timestamp().size(), 20U);
+  EXPECT_EQ(gpt2p::utc_timestamp().size(), 20U);
 }
 
 TEST(RunRecorder, NamesEveryActionOpCodeInTheFile) {

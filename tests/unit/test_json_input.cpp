@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpt2p/core/error.h"
 #include "support/temp_dir.h"
@@ -96,6 +100,35 @@ TEST(JsonInput, NamesTypes) {
   EXPECT_STREQ(json_type_name(3), "an integer");
   EXPECT_STREQ(json_type_name(3.5), "a number");
   EXPECT_STREQ(json_type_name(nullptr), "null");
+}
+
+TEST(JsonInput, FieldsOfTheWrongTypeOrRangeNameTheSourceAndKey) {
+  const auto j = nlohmann::json::parse(R"({"n": 5, "s": "x", "a": [1], "big": 18446744073709551615,
+                                           "neg": -3, "f": 1.5})");
+  EXPECT_EQ(json_field(j, "s", JsonType::kString, "m.json", "fix").get<std::string>(), "x");
+  EXPECT_EQ(json_field(j, "a", JsonType::kArray, "m.json", "fix").size(), 1U);
+  EXPECT_EQ(json_int_field(j, "n", 0, 10, "m.json", "fix"), 5);
+  EXPECT_EQ(json_int_field(j, "neg", -3, 0, "m.json", "fix"), -3);
+  for (const auto& [call, expect] :
+       std::vector<std::pair<std::function<void()>, std::string>>{
+           {[&] { json_field(j, "s", JsonType::kInteger, "m.json", "fix"); },
+            "m.json: \"s\" is a string, not an integer -- fix: fix"},
+           {[&] { json_field(j, "missing", JsonType::kObject, "m.json", "fix"); },
+            "m.json has no \"missing\""},
+           {[&] { json_field(nlohmann::json::array(), "k", JsonType::kObject, "m.json", "fix"); },
+            "m.json is an array, not a JSON object"},
+           {[&] { json_int_field(j, "f", 0, 10, "m.json", "fix"); },
+            "m.json: \"f\" is a number, not an integer"},
+           {[&] { json_int_field(j, "n", 6, 10, "m.json", "fix"); },
+            "m.json: \"n\" is 5, outside [6, 10]"},
+           {[&] { json_int_field(j, "neg", 0, std::numeric_limits<int64_t>::max(), "m.json", "f"); },
+            "m.json: \"neg\" is -3, not >= 0"},
+           // 2^64 - 1 does not fit an int64_t: refused, not wrapped to -1.
+           {[&] { json_int_field(j, "big", -5, std::numeric_limits<int64_t>::max(), "m.json", "f"); },
+            "m.json: \"big\" is 18446744073709551615, not >= -5"}}) {
+    const auto msg = error_of(call);
+    EXPECT_NE(msg.find(expect), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

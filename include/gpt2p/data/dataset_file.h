@@ -85,8 +85,14 @@ void write_dataset_file(const std::string& path, const DatasetMeta& meta,
 
 class DatasetFile {
  public:
-  // Reads the whole file. Clear errors when it is missing, not HDF5, or not a gpt2p dataset.
+  // Reads the whole file. Clear errors when it is missing, fails its checksum block
+  // (data/dataset_seal.h), is not HDF5, or not a gpt2p dataset. The HDF5 library first reads it in
+  // an isolated child process, so that a file that crashes or hangs libhdf5 is refused too.
   static DatasetFile open(const std::string& path);
+
+  // The dataset in the HDF5 file image `image` (with its 512-byte block, which is not checked),
+  // read in this process; `path` names it in errors. What open() runs, without its checks.
+  static DatasetFile from_image(const std::string& image, const std::string& path);
 
   // Throws "dataset X was made with tokenizer A (vocab N) but this run uses B (vocab M): ..."
   void require_tokenizer(const std::string& identity, int32_t vocab_size) const;

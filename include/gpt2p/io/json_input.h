@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -40,5 +41,21 @@ std::string read_bounded_file(const std::string& path, const std::string& hint, 
 
 // The name of a JSON value's type as a message shows it: "an object", "a string", ...
 const char* json_type_name(const nlohmann::json& value);
+
+// What a field read by json_field must be.
+enum class JsonType { kObject, kArray, kString, kInteger, kNumber };
+
+// The member `key` of `object`, which must be a JSON object holding `key` as a value of `type`;
+// otherwise throws gpt2p::Error "<source>: \"key\" is a string, not an integer -- fix: <hint>"
+// (or "... has no \"key\"").
+//
+//   const auto& r = io::json_field(meta, "layer_range", io::JsonType::kArray, path, kCorruptFix);
+const nlohmann::json& json_field(const nlohmann::json& object, const std::string& key,
+                                 JsonType type, const std::string& source, const std::string& hint);
+
+// The integer member `key` of `object`, refused as json_field refuses a field, and also when it
+// lies outside [lo, hi].
+int64_t json_int_field(const nlohmann::json& object, const std::string& key, int64_t lo,
+                       int64_t hi, const std::string& source, const std::string& hint);
 
 }  // namespace gpt2p::io

@@ -34,7 +34,12 @@ struct GPT2Config {
   // Parameters of one stage layer (0 = embedding, 1..n_layer = block, n_layer+1 = ln_f, head tied).
   int64_t layer_parameters(int64_t layer) const;
 
-  // Throws gpt2p::Error naming the bad field and value unless every field is usable.
+  // Parameters of stage layers [begin, end), with wte's rows counted as `vocab_rows` (the padded
+  // vocabulary in our checkpoints; fewer in a Hugging Face file, whose extra rows import fills).
+  int64_t range_parameters(int64_t begin, int64_t end, int64_t vocab_rows) const;
+
+  // Throws gpt2p::Error naming the bad field and value unless every field is usable. Sizes are
+  // bounded (e.g. n_embd <= 65536) so that no parameter count overflows.
   void validate() const;
 
   bool operator==(const GPT2Config& o) const;
@@ -50,6 +55,14 @@ std::vector<std::string> preset_names();
 // rejects unknown ones and validates.
 nlohmann::json to_json(const GPT2Config& c);
 GPT2Config config_from_json(const nlohmann::json& j);
+
+// A config read from a file (`config_source`) must describe no more weights than the weights file
+// beside it (`weights_path`, whose data section is `data_bytes` long) can hold at 2 bytes a value:
+// otherwise building the model would allocate what an edited config claims (n_embd: 1e6 asks for
+// terabytes). Throws gpt2p::Error naming both files.
+void check_config_fits_weights(const GPT2Config& c, int64_t begin, int64_t end, int64_t vocab_rows,
+                               uint64_t data_bytes, const std::string& config_source,
+                               const std::string& weights_path);
 
 // One line for logs: "12 layers, 12 heads, 768 wide, ctx 1024, vocab 50260 (50304 padded), 124.4M
 // params".
