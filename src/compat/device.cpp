@@ -88,6 +88,19 @@ std::string device_name(const torch::Device& device) {
   return "";
 }
 
+int compute_capability(const torch::Device& device) {
+#ifdef GPT2P_WITH_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device.index()) == cudaSuccess) {
+      return prop.major * 10 + prop.minor;
+    }
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
 std::string device_bus_id(const torch::Device& device) {
 #ifdef GPT2P_WITH_CUDA
   if (device.is_cuda()) {

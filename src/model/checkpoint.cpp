@@ -417,7 +417,8 @@ bool is_checkpoint_dir(const std::string& dir) {
 GPT2Config checkpoint_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / kMetaFile).string();
   const auto meta = read_meta(dir);
-  const auto& j = io::json_field(meta, "model_config", io::JsonType::kObject, path, kCorruptFix);
+  const nlohmann::json j =
+      io::json_field(meta, "model_config", io::JsonType::kObject, path, kCorruptFix);
   try {
     return config_from_json(j);
   } catch (const Error& e) {
@@ -429,7 +430,8 @@ LayerRange checkpoint_range(const std::string& dir) {
   const auto meta = read_meta(dir);
   const std::string path = (fs::path(dir) / kMetaFile).string();
   const GPT2Config config = checkpoint_config(dir);
-  const auto& r = io::json_field(meta, "layer_range", io::JsonType::kArray, path, kCorruptFix);
+  const nlohmann::json r =
+      io::json_field(meta, "layer_range", io::JsonType::kArray, path, kCorruptFix);
   // Layer 0 is the embedding and n_layer + 1 the final norm and head
   // (GPT2Config::layer_parameters).
   const int64_t last = config.n_layer + 2;
@@ -454,7 +456,8 @@ TrainState read_train_state(const std::string& dir) {
   s.step = count("step");
   s.epoch = count("epoch");
   s.batch_in_epoch = count("batch_in_epoch");
-  const auto& seed = io::json_field(meta, "seed", io::JsonType::kInteger, path, kCorruptFix);
+  const nlohmann::json seed =
+      io::json_field(meta, "seed", io::JsonType::kInteger, path, kCorruptFix);
   GPT2P_CHECK(seed.is_number_unsigned() || seed.get<int64_t>() >= 0,
               path << ": \"seed\" is " << seed.dump() << ", not a seed >= 0", kCorruptFix);
   s.seed = seed.get<uint64_t>();
@@ -462,7 +465,7 @@ TrainState read_train_state(const std::string& dir) {
                              .get<std::string>(),
                          dir, "rng_state");
   if (meta.contains("rank_rng_states")) {
-    const auto& states =
+    const nlohmann::json states =
         io::json_field(meta, "rank_rng_states", io::JsonType::kArray, path, kCorruptFix);
     for (size_t r = 0; r < states.size(); ++r) {
       GPT2P_CHECK(states[r].is_string(),

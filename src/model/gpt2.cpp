@@ -198,7 +198,7 @@ void GPT2Impl::set_embedding_grad_sink(EmbeddingGradSink sink) {
 
 void GPT2Impl::set_kernels(Kernels kernels) {
   GPT2P_CHECK(kernels != Kernels::kAuto, "set_kernels(kAuto): the request is not resolved",
-              "pass model::resolve_kernels(requested, cuda_device)");
+              "pass model::resolve_kernels(requested, cuda_device, capability)");
   kernels_ = kernels;
   if (!h) return;
   for (const auto& block : h->values()) {

@@ -133,7 +133,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   RunContext ctx{std::move(cfg), topo,    mesh,    torch::Device(torch::kCPU),
                  nullptr,        nullptr, nullptr, nullptr,
                  nullptr,        nullptr, std::move(*tokenizer), special, {},
-                 model::Kernels::kReference, {}, 0.0, "comm mpi", std::move(out_lock)};
+                 model::Kernels::kReference, {}, {}, 0.0, "comm mpi", std::move(out_lock)};
   comm::CommOptions copts;
   copts.timeout = timeout;
   copts.backend = placement.backend;
@@ -190,7 +190,10 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   control.timeout = timeout;
   ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
-  ctx.kernels = model::resolve_kernels(ctx.cfg.kernels, ctx.device.is_cuda());
+  const int capability = compat::compute_capability(ctx.device);
+  ctx.kernels = model::resolve_kernels(ctx.cfg.kernels, ctx.device.is_cuda(), capability);
+  ctx.kernels_fallback =
+      model::kernels_fallback_reason(ctx.cfg.kernels, ctx.device.is_cuda(), capability);
   const auto& mc = ctx.model_config;
   ctx.attention = compat::attention_backend(
       ctx.device,
@@ -204,7 +207,9 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
 }
 
 std::string RunContext::describe_kernels() const {
-  return comm_description + ", kernels " + name_string(kernels) + ", attention " + attention;
+  return comm_description + ", kernels " + name_string(kernels) +
+         (kernels_fallback.empty() ? "" : " (" + kernels_fallback + ")") + ", attention " +
+         attention;
 }
 
 void open_train_data(const RunContext& ctx, int rank, int world, std::optional<TrainData>& data) {

@@ -11,7 +11,8 @@
 #
 #   tests/fuzz/hdf5_crashers.sh BUILD_DIR
 set -u
-bin=${1:?usage: hdf5_crashers.sh BUILD_DIR}
+bin=$(cd "${1:?usage: hdf5_crashers.sh BUILD_DIR}" && pwd)
+cd "$(dirname "$0")/../.."  # the trainers find the GPT-2 vocabulary under .cache/ here
 work=$(mktemp -d /tmp/gpt2p-hdf5-crashers.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} OMPI_ALLOW_RUN_AS_ROOT=1 \

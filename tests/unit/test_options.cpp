@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "gpt2p/core/error.h"
+#include "gpt2p/model/options.h"
 #include "gpt2p/parallel/train_options.h"
 
 using gpt2p::parallel::DeviceKind;
@@ -191,4 +193,32 @@ TEST(TrainOptions, BoundaryValuesInRangeAreAccepted) {
   EXPECT_EQ(c.translate_samples, 0);
   EXPECT_EQ(c.seq_len, 2);
   EXPECT_DOUBLE_EQ(parse({"--dropout", "0.99"}).dropout, 0.99);
+}
+
+TEST(Kernels, AutoTakesTheReferenceKernelsOnGpusOlderThanSm80) {
+  using gpt2p::model::Kernels;
+  using gpt2p::model::kernels_fallback_reason;
+  using gpt2p::model::resolve_kernels;
+  // A CUDA build (built = true) on an H200 (9.0), an A100 (8.0) and a V100 (7.0).
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 90, true), Kernels::kFused);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 80, true), Kernels::kFused);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 70, true), Kernels::kReference);
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, true, 70, true),
+            "sm_70 is older than the fused kernels' sm_80");
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, true, 90, true), "");
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kReference, true, 70, true), "");
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, false, 0, true), "");  // the CPU: no note
+  EXPECT_EQ(resolve_kernels(Kernels::kReference, true, 70, true), Kernels::kReference);
+  try {
+    resolve_kernels(Kernels::kFused, true, 70, true);
+    ADD_FAILURE() << "--kernels fused on sm_70 was accepted";
+  } catch (const gpt2p::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a GPU of compute capability 8.0 or newer; this "
+                                         "one is 7.0"),
+              std::string::npos)
+        << e.what();
+  }
+  // The CPU, and a build without the kernels.
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, false, 0, true), Kernels::kReference);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 90, false), Kernels::kReference);
 }

@@ -34,6 +34,9 @@ bool autocast_enabled(const torch::Device& device);
 bool cuda_available();
 // The GPU's name ("NVIDIA H200"), or "" for the CPU.
 std::string device_name(const torch::Device& device);
+// The GPU's compute capability as 10 * major + minor (90 for an H200, 70 for a V100), or 0 for the
+// CPU.
+int compute_capability(const torch::Device& device);
 // The GPU's PCI bus id ("0000:1B:00.0"): the same physical GPU gives the same id to every process
 // of a host, whatever each process's CUDA_VISIBLE_DEVICES; "" for the CPU.
 std::string device_bus_id(const torch::Device& device);

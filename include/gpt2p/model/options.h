@@ -27,7 +27,8 @@ constexpr std::array<Named<LossPositions>, 2> names(LossPositions) {
 // blocks' residual adds with their LayerNorms and linear layers (gpt2.h).
 //   kReference: ATen operations; any device, and the only path of a CPU build.
 //   kFused: the kernels; CUDA tensors in a CUDA build only.
-//   kAuto: a request only (resolve_kernels): kFused where built and on a CUDA device.
+//   kAuto: a request only (resolve_kernels): kFused where built and on a CUDA device of compute
+//          capability 8.0 or newer (A100, H100, H200), kReference on older GPUs (a V100: 7.0).
 // kReference and kFused give the same losses and gradients up to rounding
 // (tests/gpu/test_kernels_gpu.cpp, tests/gpu/test_norm_gpu.cpp).
 enum class Kernels { kAuto, kFused, kReference };
@@ -47,8 +48,19 @@ constexpr std::array<Named<Recompute>, 2> names(Recompute) {
 // Whether this build has the fused kernels (Torch with CUDA).
 bool fused_kernels_built();
 
-// The kernels a request runs with on a CUDA device or not: kFused or kReference. A fused request
-// that cannot run fails with the reason and the fix.
-Kernels resolve_kernels(Kernels requested, bool cuda_device);
+// The oldest GPUs the fused kernels are built and tested for: compute capability 8.0 (sm_80). They
+// use bf16 and cuBLASLt paths that sm_70 (V100) lacks or that were never run there.
+inline constexpr int kFusedKernelsMinCapability = 80;
+
+// The kernels a request runs with: kFused or kReference. `capability` is the CUDA device's compute
+// capability as 10 * major + minor (compat::compute_capability; 0 for the CPU); `built` whether
+// this build has the kernels. A fused request that cannot run fails with the reason and the fix.
+Kernels resolve_kernels(Kernels requested, bool cuda_device, int capability,
+                        bool built = fused_kernels_built());
+
+// Why kAuto chose kReference on a CUDA device, for the start-up line ("sm_70 is older than the
+// fused kernels' sm_80"), or "" when it did not.
+std::string kernels_fallback_reason(Kernels requested, bool cuda_device, int capability,
+                                    bool built = fused_kernels_built());
 
 }  // namespace gpt2p::model

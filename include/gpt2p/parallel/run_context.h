@@ -61,11 +61,14 @@ struct RunContext {
   // as torch's dispatcher answers for this run's shapes), and one GPU's peak FLOP/s at
   // --precision (0 on the CPU or an unknown GPU: no MFU).
   model::Kernels kernels = model::Kernels::kReference;
+  // Why --kernels auto chose the reference kernels on this GPU (model::kernels_fallback_reason).
+  std::string kernels_fallback;
   std::string attention;
   double peak_flops = 0;
   // "comm nccl", or "comm nccl over sockets (ranks share GPUs: ...)": what moves the tensors.
   std::string comm_description = "comm mpi";
-  // "comm nccl, kernels fused, attention flash": for the start-up line.
+  // "comm nccl, kernels fused, attention flash", or "..., kernels reference (sm_70 is older than
+  // the fused kernels' sm_80), ...": for the start-up line.
   std::string describe_kernels() const;
   // Rank 0: the lock on --out, held while the run lives (core/dir_lock.h); null elsewhere.
   std::unique_ptr<DirLock> out_lock;
