@@ -50,6 +50,19 @@ job_build() {
   gpt2p_build "$BIN" -DGPT2P_BUILD_TESTS=OFF
 }
 
+# On clusters where the build is done once beforehand (jobs/bridges2_setup.sh), a job needs its
+# programs and must not build them on GPU hours: fails with the fix when one is missing.
+#   job_require_build PROGRAM...   (default: dp_train pp_train)
+job_require_build() {
+  [ "$DRY_RUN" = 1 ] && return 0
+  local progs=("$@") p
+  [ ${#progs[@]} -gt 0 ] || progs=(dp_train pp_train)
+  for p in "${progs[@]}"; do
+    [ -x "$BIN/$p" ] || { echo "job: $BIN/$p is missing: build once with jobs/bridges2_setup.sh" \
+      "(on a login node or a CPU job), then resubmit" >&2; exit 2; }
+  done
+}
+
 # Prints the launch line, then (unless a dry run) runs it with output teed into $RESULTS.
 # Returns the command's exit status (75: the trainers stopped after committing a checkpoint).
 # srun's ranks are signalled by Slurm itself (--signal=TERM@120). With LAUNCHER=mpirun the launch

@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "jobs").glob("*.sbatch"))
+TRAIN_JOBS = [p for p in JOBS if p.stem != "bridges2_data"]  # the trainers' and the benchmark's
 
 
 def run(cmd, **env):
@@ -27,7 +28,8 @@ def test_there_are_bridges2_and_generic_jobs_for_each_program():
             assert f"{prefix}_{prog}.sbatch" in names
 
 
-@pytest.mark.parametrize("script", [*JOBS, ROOT / "jobs" / "lib.sh", ROOT / "scripts" / "bench"],
+@pytest.mark.parametrize("script", [*JOBS, ROOT / "jobs" / "lib.sh", ROOT / "jobs" / "bridges2_setup.sh",
+                                    ROOT / "scripts" / "bench"],
                          ids=lambda p: p.name)
 def test_bash_syntax(script):
     r = run(["bash", "-n", str(script)])
@@ -40,7 +42,7 @@ def launch_line(stdout):
     return lines[0][len("launch: "):]
 
 
-@pytest.mark.parametrize("script", JOBS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", TRAIN_JOBS, ids=lambda p: p.name)
 def test_dry_run_prints_environment_and_launch_line(script):
     r = run(["bash", str(script), "--dry-run", "--epochs", "3"], SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(ROOT))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -88,3 +90,39 @@ def test_bench_dry_run_lists_the_hw5_matrix(tmp_path):
     assert sum("--schedule gpipe --microbatches 4" in l for l in trainers) == 1
     hw5 = [l for l in lines if " hw5 " in l][0]
     assert f"--pp-pipeline {tmp_path}/b/pp_gpipe_m4" in hw5
+
+
+def test_bridges2_data_dry_runs_name_their_inputs():
+    r = run(["bash", "jobs/bridges2_data.sbatch", "--dry-run"], SLURM_JOB_ID="4243", HOME="/home/u")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert launch_line(r.stdout) == ("build-release/prepare_data --source ding --input /home/u/de-en "
+                                     "--out .cache/data/ding-gpt2.h5")
+    r = run(["bash", "jobs/bridges2_data.sbatch", "--dry-run", "--max-pairs", "9"], SLURM_JOB_ID="4243",
+            SOURCE="jsonl", JSONL_DIR="/d", DATA="/x/iwslt.h5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert launch_line(r.stdout) == ("build-release/prepare_data --source jsonl --train /d/train.jsonl "
+                                     "--validation /d/validation.jsonl --test /d/test.jsonl "
+                                     "--out /x/iwslt.h5 --max-pairs 9")
+    r = run(["bash", "jobs/bridges2_data.sbatch", "--dry-run"], SLURM_JOB_ID="4243", SOURCE="csv")
+    assert r.returncode == 2 and "SOURCE=csv is neither ding nor jsonl" in r.stderr
+    assert not (ROOT / "results" / "4243").exists()
+
+
+def test_bridges2_setup_dry_run_makes_the_venv_and_builds_once():
+    r = run(["bash", "jobs/bridges2_setup.sh", "--dry-run"], SLURM_JOB_ID="4244", VENV="/nonexistent/venv",
+            BIN="/nonexistent/build")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "module load cuda" in out
+    assert "setup: python3 -m venv /nonexistent/venv" in out
+    assert re.search(r"setup: /nonexistent/venv/bin/pip install torch --index-url \S+/cu12\d h5py", out), out
+    assert "setup: gpt2p_build /nonexistent/build -DGPT2P_BUILD_TESTS=OFF" in out
+    assert not (ROOT / "results" / "4244").exists()
+
+
+def test_bridges2_gpu_jobs_do_not_build(tmp_path):
+    """A GPU job whose build is missing stops at once with the fix: it must not compile on GPU hours."""
+    r = run(["bash", "jobs/bridges2_dp_train.sbatch"], SLURM_JOB_ID="4245", MODULES="", BIN="/nonexistent/build",
+            RESULTS=str(tmp_path / "r"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "/nonexistent/build/dp_train is missing: build once with jobs/bridges2_setup.sh" in r.stderr

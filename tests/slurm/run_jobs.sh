@@ -4,7 +4,9 @@
 #      rank0.h5 and rank1.h5 written;
 #   2. pre-emption: a long dp_train job, `scancel --signal=TERM` once it trains, must end with exit
 #      75, a committed checkpoint and a line saying where it is and how to resume ("stopped by
-#      signal", "--resume"); a second job with --resume <that checkpoint> continues from its step.
+#      signal", "--resume"); a second job with --resume <that checkpoint> continues from its step;
+#   3. the PSC Bridges-2 set (jobs/bridges2_setup.sh, bridges2_data.sbatch, bridges2_dp_train and
+#      bridges2_pp_train.sbatch) end to end, with its site lines overridden for this cluster.
 # Usage: tests/slurm/run_jobs.sh [BUILD_DIR]   (default build/; needs dp_train, pp_train)
 # Exit 77 (skipped) only where Slurm is missing and cannot be installed (not root, no apt-get).
 # The cluster is left running when it ran before; a cluster this test started is stopped.
@@ -135,6 +137,43 @@ else
   bad "pre-emption: job ${job:-?} did not log two training steps within 120 s"
   show "$tmp/pre1.sbatch" 5; show "$tmp/pre1.out"
 fi
+
+# 3. The PSC Bridges-2 set end to end, its site lines overridden (no modules, no venv, the build at
+#    hand, the CPU partition instead of GPU-shared's V100s): the setup on the "login node", the
+#    dataset job from the Ding file, then the dp and pp jobs on it. The setup builds nothing (its
+#    build is there) and the GPU jobs must not build either.
+b2=(--partition=cpu --nodes=1 --gpus=0 --ntasks-per-node=2 --cpus-per-task=1 --time=00:15:00)
+b2_data=$tmp/b2/ding-gpt2.h5
+if MODULES= VENV= bash jobs/bridges2_setup.sh >"$tmp/b2-setup.log" 2>&1 &&
+   grep -q "setup: $bin has the programs" "$tmp/b2-setup.log"; then
+  pass "jobs/bridges2_setup.sh: vocabulary and build found, nothing rebuilt"
+else
+  bad "jobs/bridges2_setup.sh failed"; show "$tmp/b2-setup.log"
+fi
+b2_rc=0
+RESULTS=$tmp/b2-data MODULES= SOURCE=ding INPUT=/usr/share/trans/de-en DATA=$b2_data \
+  DATA_FLAGS="--max-pairs 3000" timeout 600 sbatch --wait --export=ALL "${b2[@]}" \
+  --job-name=gpt2p-b2-data --output="$tmp/b2-data.out" jobs/bridges2_data.sbatch \
+  >"$tmp/b2-data.sbatch" 2>&1 || b2_rc=$?
+if [ "$b2_rc" = 0 ] && [ "$(head -c 16 "$b2_data" 2>/dev/null)" = "gpt2p-dataset 1 " ]; then
+  pass "jobs/bridges2_data.sbatch: exit 0, a dataset with its checksum block"
+else
+  bad "jobs/bridges2_data.sbatch: exit $b2_rc, dataset $(ls -la "$b2_data" 2>&1)"
+  show "$tmp/b2-data.sbatch" 5; show "$tmp/b2-data.out"
+fi
+for prog in dp pp; do
+  b2_rc=0
+  RESULTS=$tmp/b2-$prog MODULES= timeout 600 sbatch --wait --export=ALL "${b2[@]}" \
+    --job-name="gpt2p-b2-$prog" --output="$tmp/b2-$prog.out" "jobs/bridges2_${prog}_train.sbatch" \
+    --device cpu --preset tiny --max-train-pairs 128 --translate-samples 0 --data "$b2_data" \
+    --max-steps 4 >"$tmp/b2-$prog.sbatch" 2>&1 || b2_rc=$?
+  if [ "$b2_rc" = 0 ] && [ -s "$tmp/b2-$prog/$prog/rank0.h5" ] && [ -s "$tmp/b2-$prog/$prog/rank1.h5" ]; then
+    pass "jobs/bridges2_${prog}_train.sbatch: exit 0 on 2 ranks, $prog/rank0.h5 and rank1.h5"
+  else
+    bad "jobs/bridges2_${prog}_train.sbatch: exit $b2_rc"
+    show "$tmp/b2-$prog.sbatch" 5; show "$tmp/b2-$prog.out"
+  fi
+done
 
 [ "$fail" = 0 ] && echo "slurm: all checks passed" || echo "slurm: some checks failed"
 exit "$fail"
