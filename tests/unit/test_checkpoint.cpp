@@ -584,6 +584,10 @@ TEST(Checkpoint, LayerRangeAndModelConfigAreCheckedBeforeAModelIsBuilt) {
            {"layer_range", nlohmann::json::array({0, 1000000000}), "\"layer_range\" is [0,1000000000]"},
            {"layer_range", nlohmann::json::array({"a", 2}), "\"layer_range\" is [\"a\",2], not"},
            {"model_config", 7, "\"model_config\" is an integer, not an object"},
+           {"files", {{"model.safetensors", {{"bytes", "12"}, {"crc32", "0"}}}},
+            "\"files\"[\"model.safetensors\"]: \"bytes\" is a string, not an integer"},
+           {"files", {{"model.safetensors", 3}},
+            "\"files\": \"model.safetensors\" is an integer, not an object"},
            // A config that would ask for terabytes is refused before anything is allocated.
            {"model_config", {{"n_embd", 1000000000}}, "\"model_config\": GPT-2 config: n_embd "
                                                       "= 1000000000 exceeds 65536"}}) {
