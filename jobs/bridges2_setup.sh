@@ -24,6 +24,7 @@ VENV=${VENV-$HOME/venvs/gpt2p}  # made when missing; empty: use the python3 and 
 TORCH_PIP=${TORCH_PIP:-"torch --index-url https://download.pytorch.org/whl/cu124"}  # with sm_70
 DEPS_PREFIX=${DEPS_PREFIX:-}   # extra install prefixes for CMake, ';'-separated (Boost, PCRE2, ...)
 BIN=${BIN:-build-release}      # the build directory the GPU jobs use
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-7.0}  # the GPUs to build for: V100 (sm_70)
 # ----------------------------------------------------------------------------------------------
 set -euo pipefail
 [ "${1:-}" = --dry-run ] && { DRY_RUN=1; shift; }
