@@ -9,7 +9,7 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$GPT2P_ROOT}
 export GPT2P_VOCAB_DIR=${GPT2P_VOCAB_DIR:-$GPT2P_ROOT/.cache/gpt2-vocab}
 
 # True when FILE is a dataset this prepare_data writes: it starts with the checksum block that
-# DatasetFile::open checks (src/data/dataset_file.cpp). An older one is made again.
+# DatasetFile::open checks (src/data/dataset_seal.cpp). An older one is made again.
 gpt2p_dataset_ok() {
   [ "$(head -c 16 "$1" 2>/dev/null)" = "gpt2p-dataset 1 " ]
 }
