@@ -156,9 +156,9 @@ bool is_checkpoint_dir(const std::string& dir) {
   }
 }
 
-GPT2Config checkpoint_config(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kMetaFile).string();
-  const auto meta = read_meta(dir);
+namespace {
+// meta.json's "model_config", from meta.json already read (`path` names it in errors).
+GPT2Config config_from_meta(const nlohmann::json& meta, const std::string& path) {
   const nlohmann::json j =
       io::json_field(meta, "model_config", io::JsonType::kObject, path, kCorruptFix);
   try {
@@ -167,11 +167,16 @@ GPT2Config checkpoint_config(const std::string& dir) {
     GPT2P_FAIL(path << ": \"model_config\": " << e.what_happened(), kCorruptFix);
   }
 }
+}  // namespace
+
+GPT2Config checkpoint_config(const std::string& dir) {
+  return config_from_meta(read_meta(dir), (fs::path(dir) / kMetaFile).string());
+}
 
 LayerRange checkpoint_range(const std::string& dir) {
   const auto meta = read_meta(dir);
   const std::string path = (fs::path(dir) / kMetaFile).string();
-  const GPT2Config config = checkpoint_config(dir);
+  const GPT2Config config = config_from_meta(meta, path);
   const nlohmann::json r =
       io::json_field(meta, "layer_range", io::JsonType::kArray, path, kCorruptFix);
   // Layer 0 is the embedding and n_layer + 1 the final norm and head

@@ -539,14 +539,28 @@ TEST(Checkpoint, NonFiniteWeightsOnLoadNameTheFileAndTheParameter) {
   EXPECT_EQ(msg.find("lower --lr"), std::string::npos) << msg;
 }
 
+// Each edit of a saved checkpoint's meta.json (key set to value) must make `read` fail with a
+// message holding "meta.json: " + the expected text.
+using MetaEdits = std::vector<std::tuple<std::string, nlohmann::json, std::string>>;
+template <typename F>
+void expect_meta_edits_refused(const std::string& ck, const MetaEdits& edits, F read) {
+  const std::string good = slurp(ck + "/meta.json");
+  for (const auto& [key, value, expect] : edits) {
+    auto meta = nlohmann::json::parse(good);
+    meta[key] = value;
+    spit(ck + "/meta.json", meta.dump(2));
+    const auto msg = error_with_hint(read);
+    EXPECT_NE(msg.find("meta.json: " + expect), std::string::npos) << msg;
+  }
+  spit(ck + "/meta.json", good);
+}
+
 TEST(Checkpoint, MetaJsonCountsMustBeCountsAndDepthIsBounded) {
   TempDir dir;
   Trained t;
   const std::string ck = dir / "ck";
   t.save(ck, 3);
-  const std::string good = slurp(ck + "/meta.json");
-  for (const auto& [key, value, expect] :
-       std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+  expect_meta_edits_refused(ck, MetaEdits{
            {"step", -5, "\"step\" is -5, not >= 0"},
            {"epoch", "x", "\"epoch\" is a string, not an integer"},
            {"batch_in_epoch", 1.5, "\"batch_in_epoch\" is a number, not an integer"},
@@ -556,13 +570,8 @@ TEST(Checkpoint, MetaJsonCountsMustBeCountsAndDepthIsBounded) {
            {"rank_rng_states", "ab", "\"rank_rng_states\" is a string, not an array"},
            {"rank_rng_states", nlohmann::json::array({"ab", 3}),
             "\"rank_rng_states\"[1] is an integer, not a hex string"},
-           {"config", 5, "\"config\" is an integer, not an object"}}) {
-    auto meta = nlohmann::json::parse(good);
-    meta[key] = value;
-    spit(ck + "/meta.json", meta.dump(2));
-    const auto msg = error_with_hint([&] { read_train_state(ck); });
-    EXPECT_NE(msg.find("meta.json: " + expect), std::string::npos) << msg;
-  }
+           {"config", 5, "\"config\" is an integer, not an object"}},
+      [&] { read_train_state(ck); });
   spit(ck + "/meta.json", std::string(1000, '[') + std::string(1000, ']'));
   const auto msg = error_with_hint([&] { read_train_state(ck); });
   EXPECT_NE(msg.find("meta.json: JSON nested deeper than 64 levels"), std::string::npos) << msg;
@@ -575,8 +584,7 @@ TEST(Checkpoint, LayerRangeAndModelConfigAreCheckedBeforeAModelIsBuilt) {
   const std::string ck = dir / "ck";
   t.save(ck, 3);
   const std::string good = slurp(ck + "/meta.json");
-  for (const auto& [key, value, expect] :
-       std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+  expect_meta_edits_refused(ck, MetaEdits{
            {"layer_range", "0-4", "\"layer_range\" is a string, not an array"},
            {"layer_range", nlohmann::json::array({0}), "\"layer_range\" is [0], not [begin, end]"},
            {"layer_range", nlohmann::json::array({3, 1}), "\"layer_range\" is [3,1], not [begin, end] "
@@ -590,13 +598,8 @@ TEST(Checkpoint, LayerRangeAndModelConfigAreCheckedBeforeAModelIsBuilt) {
             "\"files\": \"model.safetensors\" is an integer, not an object"},
            // A config that would ask for terabytes is refused before anything is allocated.
            {"model_config", {{"n_embd", 1000000000}}, "\"model_config\": GPT-2 config: n_embd "
-                                                      "= 1000000000 exceeds 65536"}}) {
-    auto meta = nlohmann::json::parse(good);
-    meta[key] = value;
-    spit(ck + "/meta.json", meta.dump(2));
-    const auto msg = error_with_hint([&] { load_model(ck); });
-    EXPECT_NE(msg.find("meta.json: " + expect), std::string::npos) << msg;
-  }
+                                                      "= 1000000000 exceeds 65536"}},
+      [&] { load_model(ck); });
   // Within the bounds, but more weights than model.safetensors holds (a 2-layer file).
   auto meta = nlohmann::json::parse(good);
   meta["model_config"]["n_embd"] = 4096;
