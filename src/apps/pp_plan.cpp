@@ -202,7 +202,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (f.device == DeviceKind::kCuda && !cuda)
     throw UsageError("--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
   if (f.model.preset.empty()) f.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
-  s.bf16 = f.precision == gpt2p::model::Precision::kBf16;
+  s.precision = f.precision;
   if (s.stages < 1) throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
   if (s.batch_size < 1)
     throw UsageError("--batch-size " + std::to_string(s.batch_size) + ": pass a positive batch");

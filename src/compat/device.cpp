@@ -26,21 +26,24 @@ void set_strict_fp32(bool strict) {
   at::globalContext().setAllowTF32CuDNN(!strict);
 }
 
-AutocastGuard::AutocastGuard(const torch::Device& device, bool enabled)
-    : device_(device), enabled_(enabled) {
+AutocastGuard::AutocastGuard(const torch::Device& device, torch::ScalarType dtype)
+    : device_(device), enabled_(dtype == torch::kBFloat16 || dtype == torch::kHalf) {
   if (!enabled_) return;
 #if GPT2P_TORCH_AT_LEAST(2, 4)
   previous_ = at::autocast::is_autocast_enabled(device_.type());
-  at::autocast::set_autocast_dtype(device_.type(), at::kBFloat16);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device_.type());
+  at::autocast::set_autocast_dtype(device_.type(), dtype);
   at::autocast::set_autocast_enabled(device_.type(), true);
 #else
   if (device_.is_cuda()) {
     previous_ = at::autocast::is_enabled();
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_autocast_gpu_dtype(dtype);
     at::autocast::set_enabled(true);
   } else {
     previous_ = at::autocast::is_cpu_enabled();
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_autocast_cpu_dtype(dtype);
     at::autocast::set_cpu_enabled(true);
   }
 #endif
@@ -55,16 +58,29 @@ bool autocast_enabled(const torch::Device& device) {
 #endif
 }
 
+torch::ScalarType autocast_dtype(const torch::Device& device, torch::ScalarType otherwise) {
+  if (!autocast_enabled(device)) return otherwise;
+#if GPT2P_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device.type());
+#else
+  return device.is_cuda() ? at::autocast::get_autocast_gpu_dtype()
+                          : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
 AutocastGuard::~AutocastGuard() {
   if (!enabled_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
 #if GPT2P_TORCH_AT_LEAST(2, 4)
   at::autocast::set_autocast_enabled(device_.type(), previous_);
+  at::autocast::set_autocast_dtype(device_.type(), previous_dtype_);
 #else
   if (device_.is_cuda()) {
     at::autocast::set_enabled(previous_);
+    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
   } else {
     at::autocast::set_cpu_enabled(previous_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
   }
 #endif
 }

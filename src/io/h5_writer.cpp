@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 #include "gpt2p/core/error.h"
@@ -14,13 +15,16 @@ namespace {
 
 constexpr hsize_t kChunkRows = 256;
 
-H5::DataSet make_column(H5::Group& group, const std::string& name) {
-  const hsize_t dims[1] = {0};
+// A column of `rows` rows, NaN until written.
+H5::DataSet make_column(H5::Group& group, const std::string& name, hsize_t rows = 0) {
+  const hsize_t dims[1] = {rows};
   const hsize_t maxdims[1] = {H5S_UNLIMITED};
   H5::DataSpace space(1, dims, maxdims);
   H5::DSetCreatPropList props;
   const hsize_t chunk[1] = {kChunkRows};
   props.setChunk(1, chunk);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  props.setFillValue(H5::PredType::NATIVE_DOUBLE, &nan);
   return group.createDataSet(name, H5::PredType::NATIVE_DOUBLE, space, props);
 }
 
@@ -85,21 +89,31 @@ void H5Writer::Impl::reopen(const std::string& existing, const std::string& part
   continued = true;
 }
 
-// An existing table: its columns must be `columns`; rows beyond the shortest column are dropped.
+// An existing table: its columns must be among `columns` (a column this version added to the table
+// is created, NaN in the rows already there); rows beyond the shortest column are dropped.
 H5Writer::Impl::Table H5Writer::Impl::open_table(const std::string& path, const std::string& table,
                                                  const std::vector<std::string>& columns) {
   Table t{file.openGroup(table), {}, 0};
-  GPT2P_CHECK(joined(member_names(t.group)) == joined(columns),
-              "timing file " << path << ": table '" << table << "' has columns "
-                             << joined(member_names(t.group)) << " but this program records "
-                             << joined(columns),
+  const auto found = member_names(t.group);
+  const bool known = std::all_of(found.begin(), found.end(), [&](const std::string& name) {
+    return std::find(columns.begin(), columns.end(), name) != columns.end();
+  });
+  GPT2P_CHECK(known && !found.empty(),
+              "timing file " << path << ": table '" << table << "' has columns " << joined(found)
+                             << " but this program records " << joined(columns),
               "the file was written by another version: move it out of --out, then run again");
   hsize_t rows = 0;
-  for (size_t i = 0; i < columns.size(); ++i) {
-    t.columns.push_back(t.group.openDataSet(columns[i]));
+  bool first = true;
+  for (const auto& name : columns) {
+    if (std::find(found.begin(), found.end(), name) == found.end()) continue;
     hsize_t n = 0;
-    t.columns.back().getSpace().getSimpleExtentDims(&n);
-    rows = i == 0 ? n : std::min(rows, n);
+    t.group.openDataSet(name).getSpace().getSimpleExtentDims(&n);
+    rows = first ? n : std::min(rows, n);
+    first = false;
+  }
+  for (const auto& name : columns) {
+    const bool exists = std::find(found.begin(), found.end(), name) != found.end();
+    t.columns.push_back(exists ? t.group.openDataSet(name) : make_column(t.group, name, rows));
   }
   for (auto& c : t.columns) c.extend(&rows);  // extend sets the size: this trims longer columns
   t.rows = rows;

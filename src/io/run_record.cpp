@@ -38,9 +38,10 @@ RunRecorder::RunRecorder(const std::string& out_dir, const RunIdentity& id, Reco
 }
 
 void RunRecorder::add_tables() {
-  writer_.add_table("steps", {"step", "epoch", "start", "end", "data", "forward", "backward",
-                              "sync_total", "sync_exposed", "optimizer", "padded_tokens",
-                              "target_tokens", "loss", "lr", "flops", "mfu"});
+  writer_.add_table("steps",
+                    {"step", "epoch", "start", "end", "data", "forward", "backward", "sync_total",
+                     "sync_exposed", "optimizer", "padded_tokens", "target_tokens", "loss", "lr",
+                     "flops", "mfu", "loss_scale", "skipped"});
   writer_.add_table("epochs", {"epoch", "train_time", "padded_tokens", "tokens_per_sec",
                                "target_tokens_per_sec", "val_loss", "val_ppl", "bleu",
                                "peak_memory_bytes"});
@@ -77,10 +78,11 @@ void RunRecorder::start_segment() {
 }
 
 void RunRecorder::step(const StepRecord& r) {
-  writer_.append("steps", {static_cast<double>(r.step), static_cast<double>(r.epoch), r.start,
-                           r.end, r.data, r.forward, r.backward, r.sync_total, r.sync_exposed,
-                           r.optimizer, static_cast<double>(r.padded_tokens),
-                           static_cast<double>(r.target_tokens), r.loss, r.lr, r.flops, r.mfu});
+  writer_.append(
+      "steps", {static_cast<double>(r.step), static_cast<double>(r.epoch), r.start, r.end, r.data,
+                r.forward, r.backward, r.sync_total, r.sync_exposed, r.optimizer,
+                static_cast<double>(r.padded_tokens), static_cast<double>(r.target_tokens), r.loss,
+                r.lr, r.flops, r.mfu, r.loss_scale, static_cast<double>(r.skipped)});
 }
 
 void RunRecorder::epoch(const EpochRecord& r) {

@@ -138,8 +138,8 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias) {
-    // Autocast would cast the operands to bf16; do it here, so backward sees the same operands.
-    const auto dtype = compat::autocast_enabled(x.device()) ? torch::kBFloat16 : weight.scalar_type();
+    // Autocast would cast the operands to its type; do it here, so backward sees the same operands.
+    const auto dtype = compat::autocast_dtype(x.device(), weight.scalar_type());
     const auto xc = x.to(dtype).contiguous();
     const auto wc = weight.to(dtype);
     ctx->save_for_backward({xc, wc});

@@ -163,6 +163,11 @@ void save_checkpoint(const std::string& dir, const GPT2Impl& model,
                          {"rng_state", to_hex(state.rng_state)},
                          {"rank_rng_states", rank_rng},
                          {"config", state.config}};
+  if (state.loss_scale > 0) {
+    meta["loss_scale"] = {{"scale", state.loss_scale},
+                          {"good_steps", state.loss_scale_good_steps},
+                          {"skipped_steps", state.skipped_steps}};
+  }
   const bool had_previous = fs::exists(dir);
   try {
     write_dir_atomically(dir, [&](const std::string& tmp) {

@@ -223,6 +223,21 @@ TrainState read_train_state(const std::string& dir) {
                                            "rank_rng_states[" + std::to_string(r) + "]"));
     }
   }
+  if (meta.contains("loss_scale")) {
+    const nlohmann::json ls =
+        io::json_field(meta, "loss_scale", io::JsonType::kObject, path, kCorruptFix);
+    const std::string where = path + ": \"loss_scale\"";
+    s.loss_scale =
+        io::json_field(ls, "scale", io::JsonType::kNumber, where, kCorruptFix).get<double>();
+    // The range --loss-scale-init takes (parallel/loss_scaler.h).
+    GPT2P_CHECK(s.loss_scale >= 1.0 / 1024 && s.loss_scale <= 16777216.0,
+                where << ": \"scale\" is " << s.loss_scale << ", not in [2^-10, 2^24]",
+                kCorruptFix);
+    s.loss_scale_good_steps = io::json_int_field(
+        ls, "good_steps", 0, std::numeric_limits<int64_t>::max(), where, kCorruptFix);
+    s.skipped_steps = io::json_int_field(ls, "skipped_steps", 0,
+                                         std::numeric_limits<int64_t>::max(), where, kCorruptFix);
+  }
   if (meta.contains("config") && !meta["config"].is_null()) {  // null: none was recorded
     s.config = io::json_field(meta, "config", io::JsonType::kObject, path, kCorruptFix);
   }

@@ -70,10 +70,9 @@ class DeferredLinear : public torch::autograd::Function<DeferredLinear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias,
                                const std::shared_ptr<WeightGradStore>& store) {
-    // Autocast would cast the operands of a linear to bf16; do it here, so backward (which runs
-    // outside autocast) sees the same operands.
-    const auto dtype =
-        compat::autocast_enabled(x.device()) ? torch::kBFloat16 : weight.scalar_type();
+    // Autocast would cast the operands of a linear to its type (bf16 or fp16); do it here, so
+    // backward (which runs outside autocast) sees the same operands.
+    const auto dtype = compat::autocast_dtype(x.device(), weight.scalar_type());
     const auto xc = x.to(dtype);
     const auto wc = weight.to(dtype);
     const auto bc = bias.defined() ? bias.to(dtype) : bias;

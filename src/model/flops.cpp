@@ -33,7 +33,7 @@ double peak_flops(const std::string& gpu_name, Precision precision) {
   }
   struct Peak {
     const char* name;
-    double bf16, tf32, fp32;  // TFLOP/s, dense
+    double half, tf32, fp32;  // TFLOP/s, dense; half: bf16 and fp16 tensor cores
   };
   // The first name the GPU's contains wins: the PCIe and NVL parts before the SXM ones (H100 and
   // H200 SXM share the compute die and clocks); A100 SXM and PCIe share their peaks.
@@ -44,12 +44,14 @@ double peak_flops(const std::string& gpu_name, Precision precision) {
       {"H200", 989.4, 494.7, 66.9},
       {"H100", 989.4, 494.7, 66.9},
       {"A100", 312.0, 156.0, 19.5},
+      // No TF32 (its float32 matmuls run as float32) and no bf16 (refused: check_precision).
+      {"V100-PCIE", 112.0, 14.0, 14.0},
+      {"V100", 125.0, 15.7, 15.7},
   };
   for (const auto& p : kPeaks) {
     if (gpu_name.find(p.name) == std::string::npos) continue;
-    const double t = precision == Precision::kBf16   ? p.bf16
-                   : precision == Precision::kTf32 ? p.tf32
-                                                   : p.fp32;
+    const bool half = precision == Precision::kBf16 || precision == Precision::kFp16;
+    const double t = half ? p.half : precision == Precision::kTf32 ? p.tf32 : p.fp32;
     return t * 1e12;
   }
   return 0;

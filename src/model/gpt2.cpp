@@ -222,8 +222,21 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
   return has_head() ? torch::linear(hidden, wte->weight) : hidden;
 }
 
-torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
-                             int64_t chunk_rows) {
+torch::ScalarType autocast_type(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16:
+      return torch::kBFloat16;
+    case Precision::kFp16:
+      return torch::kHalf;
+    case Precision::kFp32:
+    case Precision::kTf32:
+      break;
+  }
+  return torch::kFloat32;
+}
+
+torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows,
+                             torch::ScalarType autocast, int64_t chunk_rows) {
   GPT2P_CHECK(has_head(),
               "loss() on the stage [" << range_.begin << ", " << range_.end
                                       << ") that does not hold the head",
@@ -231,8 +244,8 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows, bool 
   const auto hidden = features(x);
   const auto flat = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows.index);
   return linear_cross_entropy(flat, wte->weight, rows.labels, rows.weights, config_.vocab_size,
-                              bf16 ? torch::kBFloat16 : wte->weight.scalar_type(), chunk_rows,
-                              kernels_);
+                              autocast == torch::kFloat32 ? wte->weight.scalar_type() : autocast,
+                              chunk_rows, kernels_);
 }
 
 torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
@@ -263,7 +276,7 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
   // next LayerNorm. kBlocks in training: only their inputs are kept, backward reruns them.
   const bool fused = kernels_ == Kernels::kFused && hidden.is_cuda();
   const auto out_type =
-      fused && compat::autocast_enabled(hidden.device()) ? torch::kBFloat16 : hidden.scalar_type();
+      fused ? compat::autocast_dtype(hidden.device(), hidden.scalar_type()) : hidden.scalar_type();
   std::vector<torch::Tensor> state{fused ? hidden.to(torch::kFloat32) : hidden, torch::Tensor()};
   const bool recompute = recompute_ == Recompute::kBlocks && is_training();
   if (h) {

@@ -47,6 +47,13 @@ std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor
   return out;
 }
 
+LossRows scaled(const LossRows& rows, double scale) {
+  if (scale == 1.0) return rows;
+  LossRows out = rows;
+  out.weights = rows.weights * scale;
+  return out;
+}
+
 namespace {
 
 struct HeadResult {

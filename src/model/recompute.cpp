@@ -41,7 +41,7 @@ torch::autograd::edge_list edges_of(const std::vector<torch::Tensor>& inputs) {
 struct ForwardState {
   torch::Device device;
   std::string rng;  // compat::rng_state(device) just before fn ran
-  bool autocast;
+  torch::ScalarType autocast;  // compat::autocast_dtype, kFloat32 when off
 };
 
 // Sets the generators of `device` to `replay` while alive, and back to what they were after.
@@ -142,7 +142,8 @@ std::vector<torch::Tensor> checkpointed(const CheckpointFn& fn,
   const auto first = std::find_if(inputs.begin(), inputs.end(),
                                   [](const torch::Tensor& t) { return t.defined(); });
   const torch::Device device = first != inputs.end() ? first->device() : torch::Device(torch::kCPU);
-  ForwardState state{device, compat::rng_state(device), compat::autocast_enabled(device)};
+  ForwardState state{device, compat::rng_state(device),
+                     compat::autocast_dtype(device, torch::kFloat32)};
   std::vector<torch::Tensor> outputs;
   {
     torch::NoGradGuard no_grad;

@@ -3,6 +3,7 @@
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpt2p/compat/version.h"
@@ -16,9 +17,11 @@ torch::Tensor grad_sq_norm(const std::vector<torch::Tensor>& grads) {
   return torch::stack(norms).to(torch::kFloat64).pow(2).sum();
 }
 
-double scale_to_max_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm) {
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0 || grads.empty()) return 1.0;
+double scale_to_max_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm,
+                         double inv_scale) {
+  const double clip = max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
+  const double coef = clip * inv_scale;
+  if (coef == 1.0 || grads.empty()) return 1.0;
   at::_foreach_mul_(grads, coef);
   return coef;
 }
@@ -33,14 +36,28 @@ double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm)
   return norm;
 }
 
-torch::Tensor clip_grad_norm_queued(const std::vector<torch::Tensor>& params, double max_norm) {
+torch::Tensor unscale_clip_factor(const torch::Tensor& norm, double max_norm, double inv_scale,
+                                  torch::ScalarType type) {
+  if (max_norm <= 0) {
+    if (inv_scale == 1.0) return {};
+    return torch::full({}, inv_scale, norm.options().dtype(torch::kFloat64)).to(type);
+  }
+  auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  if (inv_scale != 1.0) coef = coef * inv_scale;
+  return coef.to(type);
+}
+
+torch::Tensor clip_grad_norm_queued(const std::vector<torch::Tensor>& params, double max_norm,
+                                    double inv_scale) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  const auto norm = grad_sq_norm(grads).sqrt();
+  auto norm = grad_sq_norm(grads).sqrt();
+  if (inv_scale != 1.0) norm = norm * inv_scale;
   if (grads.empty()) return norm;
-  const auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(grads.front().scalar_type());
+  const auto coef = unscale_clip_factor(norm, max_norm, inv_scale, grads.front().scalar_type());
+  if (!coef.defined()) return norm;
 #if GPT2P_TORCH_AT_LEAST(2, 1)
   at::_foreach_mul_(grads, coef);
 #else

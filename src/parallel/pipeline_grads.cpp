@@ -93,7 +93,7 @@ void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicat
 }
 
 double clip_grad_norm_pipeline(const std::vector<model::GPT2>& stages, comm::Communicator* comm,
-                               double max_norm) {
+                               double max_norm, double inv_scale) {
   std::vector<torch::Tensor> grads, counted;
   for (const auto& m : stages) {
     const auto tied = m->tied_parameter();
@@ -107,8 +107,8 @@ double clip_grad_norm_pipeline(const std::vector<model::GPT2>& stages, comm::Com
   const torch::Device device = comm != nullptr ? comm->device() : torch::Device(torch::kCPU);
   torch::Tensor sq = parallel::grad_sq_norm(counted).to(device).reshape({1});
   if (comm != nullptr && comm->size() > 1) comm->all_reduce(sq, comm::ReduceOp::kSum);
-  const double norm = std::sqrt(sq.item<double>());
-  parallel::scale_to_max_norm(grads, norm, max_norm);
+  const double norm = std::sqrt(sq.item<double>()) * inv_scale;
+  parallel::scale_to_max_norm(grads, norm, max_norm, inv_scale);
   return norm;
 }
 

@@ -21,7 +21,7 @@ namespace {
 LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
                                     comm::Communicator& comm, const data::Split& split,
                                     int64_t max_pairs, int64_t batch_size, int64_t seq_len,
-                                    const data::SpecialTokens& special, bool bf16,
+                                    const data::SpecialTokens& special, torch::ScalarType autocast,
                                     const StopCheck& stop) {
   torch::NoGradGuard no_grad;
   const int n = comm.size(), rank = comm.rank();
@@ -51,7 +51,7 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
       }
       torch::Tensor y;
       {
-        compat::AutocastGuard autocast(device, bf16);
+        compat::AutocastGuard guard(device, autocast);
         y = model->forward(x).to(torch::kFloat32);
       }
       if (s + 1 < n_stages) {
@@ -76,7 +76,6 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
   return r;
 }
 
-
 // One pipeline step: the executor runs this rank's part of the schedule over the batch's
 // micro-batches, the tied embedding's gradient is summed between the first and the last stage,
 // and every stage's optimizer steps. Each rank records its actions and the loss, which the last
@@ -90,8 +89,8 @@ class PipelineStep final : public StepStrategy {
                std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
                std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
                pipeline::Executor& executor, const std::vector<int>& my_stages,
-               const pipeline::Partition& split, int microbatches, bool bf16,
-               model::LossPositions positions)
+               const pipeline::Partition& split, int microbatches, model::LossPositions positions,
+               LossScaler& scaler)
       : ctx_(ctx),
         cfg_(ctx.cfg),
         data_(data),
@@ -105,8 +104,8 @@ class PipelineStep final : public StepStrategy {
         my_stages_(my_stages),
         split_(split),
         m_(microbatches),
-        bf16_(bf16),
         positions_(positions),
+        scaler_(scaler),
         clock_(ctx.device, 3) {}
 
   void set_training(bool training) override {
@@ -118,9 +117,10 @@ class PipelineStep final : public StepStrategy {
     const auto t0 = Clock::now();
     auto batch = data_.next();
     auto dev = to_device(batch.batch, ctx_.device);
+    const double scale = scaler_.scale();
     for (auto& stage : stages_) {
       stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens,
-                        host_mask(batch.batch)});
+                        host_mask(batch.batch), scale});
     }
     rec.data = since(t0);
     const auto times = executor_.run_step(rec.step, rec.start + rec.data);
@@ -145,25 +145,24 @@ class PipelineStep final : public StepStrategy {
       parallel::sync_tied_gradient(models_, *ctx_.comm, tied);
     }
     clock_.mark(1);
-    if (zero_.empty()) {
-      if (cfg_.grad_clip > 0) parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip);
-      for (size_t c = 0; c < models_.size(); ++c) optimizers_[c]->step();
-    } else {
-      if (cfg_.grad_clip > 0) {
-        std::vector<ShardedAdamW*> shards;
-        std::vector<torch::Tensor> uncounted;  // the head's copy of the tied weight
-        for (size_t c = 0; c < models_.size(); ++c) {
-          shards.push_back(zero_[c].get());
-          uncounted.push_back(models_[c]->has_embedding() ? torch::Tensor()
-                                                          : models_[c]->tied_parameter());
-        }
-        // One all-reduce over every rank: each gets the same factor, the two copies of the tied
-        // weight included.
-        clip_sharded_grad_norm(shards, uncounted, {ctx_.control.get()}, cfg_.grad_clip);
+    // The gradients are unscaled while clipped; with loss scaling every rank agrees to skip a step
+    // whose gradients overflowed anywhere.
+    bool apply = true;
+    if (cfg_.grad_clip > 0 || scaler_.enabled()) {
+      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) poison();
+      const double norm = clip_norm(1 / scale);
+      if (scaler_.enabled()) {
+        apply = scaler_.update(std::isfinite(norm), ctx_.control.get(), rec.step);
       }
+    }
+    if (apply && zero_.empty()) {
+      for (size_t c = 0; c < models_.size(); ++c) optimizers_[c]->step();
+    } else if (apply) {
       for (auto& z : zero_) z->step();
       for (auto& z : zero_) z->wait_params();
     }
+    rec.loss_scale = scale;
+    rec.skipped = apply ? 0 : 1;
     for (auto& model : models_) {
       for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
     }
@@ -226,10 +225,9 @@ class PipelineStep final : public StepStrategy {
                        "the pipeline's replicas diverged: report the run with its flags");
       }
     }
-    const auto val = pipeline_validation_loss(models_, *ctx_.comm,
-                                              data_.dataset().split("validation"),
-                                              cfg_.max_eval_pairs, data_.local_batch() / m_,
-                                              cfg_.seq_len, data_.special(), bf16_, stop);
+    const auto val = pipeline_validation_loss(
+        models_, *ctx_.comm, data_.dataset().split("validation"), cfg_.max_eval_pairs,
+        data_.local_batch() / m_, cfg_.seq_len, data_.special(), ctx_.autocast, stop);
     if (val.stopped) return {val.loss, val.perplexity, std::nan(""), true};
     if (ctx_.topo.rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
@@ -240,6 +238,38 @@ class PipelineStep final : public StepStrategy {
   }
 
  private:
+  // Clips (at --grad-clip; 0: not) and unscales the gradients of every stage of every rank;
+  // returns their true global norm (the host waits for it).
+  double clip_norm(double inv_scale) {
+    if (zero_.empty()) {
+      return parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip, inv_scale);
+    }
+    std::vector<ShardedAdamW*> shards;
+    std::vector<torch::Tensor> uncounted;  // the head's copy of the tied weight
+    for (size_t c = 0; c < models_.size(); ++c) {
+      shards.push_back(zero_[c].get());
+      uncounted.push_back(models_[c]->has_embedding() ? torch::Tensor()
+                                                      : models_[c]->tied_parameter());
+    }
+    // One all-reduce over every rank: each gets the same factor, the two copies of the tied
+    // weight included.
+    return clip_sharded_grad_norm(shards, uncounted, {ctx_.control.get()}, cfg_.grad_clip,
+                                  inv_scale)
+        .item<double>();
+  }
+
+  // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+  void poison() {
+    const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
+    for (auto& z : zero_) z->scale_grads(nan);
+    if (!zero_.empty()) return;
+    for (auto& model : models_) {
+      for (auto& p : model->parameters()) {
+        if (p.grad().defined()) p.mutable_grad().mul_(nan);
+      }
+    }
+  }
+
   const RunContext& ctx_;
   const parallel::TrainConfig& cfg_;
   TrainData& data_;
@@ -253,8 +283,8 @@ class PipelineStep final : public StepStrategy {
   const std::vector<int>& my_stages_;
   const pipeline::Partition& split_;
   const int m_;
-  const bool bf16_;
   const model::LossPositions positions_;
+  LossScaler& scaler_;
   compat::DeviceClock clock_;
 };
 
@@ -266,10 +296,10 @@ std::unique_ptr<StepStrategy> make_pipeline_step(
     std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
     std::vector<std::unique_ptr<pipeline::GptStage>>& stages, pipeline::Executor& executor,
     const std::vector<int>& my_stages, const pipeline::Partition& split, int microbatches,
-    bool bf16, model::LossPositions positions) {
+    model::LossPositions positions, LossScaler& scaler) {
   return std::make_unique<PipelineStep>(ctx, data, recorder, models, optimizers, zero, replica_sum,
-                                        stages, executor, my_stages, split, microbatches, bf16,
-                                        positions);
+                                        stages, executor, my_stages, split, microbatches, positions,
+                                        scaler);
 }
 
 }  // namespace gpt2p::parallel

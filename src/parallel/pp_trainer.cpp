@@ -49,7 +49,6 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   // This rank's pipeline: n ranks, of which it is `rank` (the world with --dp 1; mesh.h).
   const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
   const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
-  const bool bf16 = cfg.precision == model::Precision::kBf16;
   if (cfg.zero == 1 && ctx.mesh.dp < 2) {
     throw cli::UsageError("pp_train --zero 1 shards each stage's optimizer state over its "
                           "data-parallel replicas, but --dp is " + std::to_string(ctx.mesh.dp) +
@@ -76,8 +75,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
   if (cfg.partition == pipeline::PartitionKind::kMeasured && cfg.resume.empty()) {
-    costs = measured_layer_costs(*ctx.comm, ctx.model_config, data.local_batch() / m,
-                                 cfg.seq_len, bf16, loss_share);
+    costs = measured_layer_costs(*ctx.comm, ctx.model_config, data.local_batch() / m, cfg.seq_len,
+                                 ctx.autocast, loss_share);
     // Every replica splits as replica 0 measured, or their stages would differ.
     if (ctx.dp_comm) costs = broadcast_costs(*ctx.dp_comm, costs);
     compat::reset_peak_memory(ctx.device);
@@ -160,8 +159,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   std::vector<std::unique_ptr<pipeline::GptStage>> stages;
   std::vector<pipeline::Stage*> stage_ptrs;
   for (auto& model : models) {
-    stages.push_back(std::make_unique<pipeline::GptStage>(model, m, bf16, positions,
-                                                          cfg.zero_bubble));
+    stages.push_back(
+        std::make_unique<pipeline::GptStage>(model, m, ctx.autocast, positions, cfg.zero_bubble));
     stage_ptrs.push_back(stages.back().get());
   }
   // The replicas' sum, each stage's started by its last backward (without ZeRO, whose
@@ -244,11 +243,12 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
                 static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
     std::fflush(stdout);
   }
+  LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
   const auto strategy =
       make_pipeline_step(ctx, data, recorder, models, optimizers, zero, replica_sum.get(), stages,
-                         executor, my_stages, split, m, bf16, positions);
+                         executor, my_stages, split, m, positions, scaler);
   return run_training(ctx, data, recorder, state,
-                      {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp)},
+                      {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp), &scaler},
                       *strategy);
 }
 

@@ -130,10 +130,26 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   cli::check_same_config(parallel::to_json(cfg), timeout);
   const auto special = data::register_special_tokens(*tokenizer);
   const Placement placement = place_rank(cfg, topo, timeout);
-  RunContext ctx{std::move(cfg), topo,    mesh,    torch::Device(torch::kCPU),
-                 nullptr,        nullptr, nullptr, nullptr,
-                 nullptr,        nullptr, std::move(*tokenizer), special, {},
-                 model::Kernels::kReference, {}, {}, 0.0, "comm mpi", std::move(out_lock)};
+  RunContext ctx{std::move(cfg),
+                 topo,
+                 mesh,
+                 torch::Device(torch::kCPU),
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 std::move(*tokenizer),
+                 special,
+                 {},
+                 model::Kernels::kReference,
+                 torch::kFloat32,
+                 {},
+                 {},
+                 0.0,
+                 "comm mpi",
+                 std::move(out_lock)};
   comm::CommOptions copts;
   copts.timeout = timeout;
   copts.backend = placement.backend;
@@ -191,15 +207,15 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
   const int capability = compat::compute_capability(ctx.device);
-  ctx.kernels = model::resolve_kernels(ctx.cfg.kernels, ctx.device.is_cuda(), capability);
-  ctx.kernels_fallback =
-      model::kernels_fallback_reason(ctx.cfg.kernels, ctx.device.is_cuda(), capability);
+  model::check_precision(ctx.cfg.precision, ctx.device.is_cuda(), capability);
+  const model::KernelTarget target{ctx.device.is_cuda(), capability, ctx.cfg.precision};
+  ctx.kernels = model::resolve_kernels(ctx.cfg.kernels, target);
+  ctx.kernels_fallback = model::kernels_fallback_reason(ctx.cfg.kernels, target);
+  ctx.autocast = model::autocast_type(ctx.cfg.precision);
   const auto& mc = ctx.model_config;
-  ctx.attention = compat::attention_backend(
-      ctx.device,
-      ctx.cfg.precision == model::Precision::kBf16 && ctx.device.is_cuda() ? torch::kBFloat16
-                                                                           : torch::kFloat32,
-      mc.n_head, ctx.cfg.seq_len, mc.head_dim(), mc.dropout);
+  ctx.attention =
+      compat::attention_backend(ctx.device, ctx.device.is_cuda() ? ctx.autocast : torch::kFloat32,
+                                mc.n_head, ctx.cfg.seq_len, mc.head_dim(), mc.dropout);
   ctx.peak_flops = ctx.device.is_cuda()
                        ? model::peak_flops(compat::device_name(ctx.device), ctx.cfg.precision)
                        : 0.0;

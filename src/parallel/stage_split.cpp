@@ -38,12 +38,12 @@ pipeline::Partition stage_partition(pipeline::PartitionKind partition, const mod
   return balance(costs);
 }
 
-std::vector<double> measured_layer_costs(comm::Communicator& comm,
-                                         const model::GPT2Config& config, int64_t micro_rows,
-                                         int64_t seq_len, bool bf16, double loss_fraction) {
+std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
+                                         int64_t micro_rows, int64_t seq_len,
+                                         torch::ScalarType autocast, double loss_fraction) {
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
-    const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, bf16,
+    const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, autocast,
                                                      comm.device(), 2, 5, 3, loss_fraction,
                                                      /*measure_memory=*/false);
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());

@@ -52,12 +52,13 @@ std::string format_eta(double seconds) {
 }
 
 void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch, double loss,
-                    double tokens_per_sec, double mfu, double eta_seconds) {
+                    double tokens_per_sec, double mfu, double eta_seconds,
+                    const std::string& scaling) {
   char mfu_text[32] = "";
   if (std::isfinite(mfu)) std::snprintf(mfu_text, sizeof mfu_text, " mfu %.1f%%", 100 * mfu);
-  std::printf("epoch %lld/%d step %lld/%lld loss %.4f tok/s %.0f (all ranks)%s eta %s\n",
+  std::printf("epoch %lld/%d step %lld/%lld loss %.4f%s tok/s %.0f (all ranks)%s eta %s\n",
               static_cast<long long>(epoch + 1), epochs, static_cast<long long>(batch + 1),
-              static_cast<long long>(per_epoch), loss, tokens_per_sec, mfu_text,
+              static_cast<long long>(per_epoch), loss, scaling.c_str(), tokens_per_sec, mfu_text,
               format_eta(eta_seconds).c_str());
   std::fflush(stdout);
 }
@@ -71,7 +72,8 @@ void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens
 
 void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& totals,
                  const StepPlace& place) {
-  GPT2P_CHECK(std::isfinite(rec.loss), "loss became " << rec.loss << " at step " << rec.step,
+  GPT2P_CHECK(rec.skipped != 0 || std::isfinite(rec.loss),
+              "loss became " << rec.loss << " at step " << rec.step,
               "lower --lr, or use --precision fp32");
   const double nan = std::nan("");
   const double seconds = rec.end - rec.start;
@@ -88,9 +90,14 @@ void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& tot
     const double step_time = rec.end - rec.start;
     const double remaining = static_cast<double>(
         (place.epochs - place.epoch - 1) * place.per_epoch + (place.per_epoch - place.batch - 1));
+    char scaling[64] = "";
+    if (place.skipped_steps >= 0) {
+      std::snprintf(scaling, sizeof scaling, " scale %g (%lld skipped)", rec.loss_scale,
+                    static_cast<long long>(place.skipped_steps));
+    }
     print_progress(place.epoch, place.epochs, place.batch, place.per_epoch, rec.loss,
                    static_cast<double>(rec.padded_tokens) * place.tokens_factor / step_time,
-                   run_mfu, remaining * step_time);
+                   run_mfu, remaining * step_time, scaling);
   }
 }
 

@@ -83,7 +83,10 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
       ("lr", po::value(&c.lr)->default_value(c.lr), "AdamW learning rate")
       ("weight-decay", po::value(&c.weight_decay)->notifier(non_negative<double>("weight-decay"))->default_value(c.weight_decay), "AdamW weight decay")
       ("grad-clip", po::value(&c.grad_clip)->notifier(non_negative<double>("grad-clip", "a norm >= 0 (0 = off)"))->default_value(c.grad_clip), "clip the global gradient norm to this; 0 = off")
-      ("precision", named_value(c.precision, "precision"), help<model::Precision>(" (bf16 autocast on cuda)").c_str())
+      ("precision", named_value(c.precision, "precision"), help<model::Precision>(": fp32, TF32 matmuls, or autocast to bf16 (A100/H100/H200, CPU) or fp16 (CUDA GPUs; with dynamic loss scaling: a V100's half type)").c_str())
+      ("loss-scale", named_value(c.loss_scale, "loss-scale"), help<LossScaleMode>(": dynamic loss scaling (the loss times a scale S, the gradients divided by S before clipping; a step whose gradients overflow is skipped and S halved, S doubled after --loss-scale-window good steps); auto = dynamic with --precision fp16").c_str())
+      ("loss-scale-init", po::value(&c.loss_scale_init)->notifier(allowed<double>("loss-scale-init", [](double s) { return s >= 1.0 / 1024 && s <= 16777216.0; }, "a scale in [2^-10, 2^24]"))->default_value(c.loss_scale_init), "the first loss scale (a power of two keeps the scaling exact)")
+      ("loss-scale-window", po::value(&c.loss_scale_window)->notifier(positive<int64_t>("loss-scale-window"))->default_value(c.loss_scale_window), "good steps in a row after which the loss scale doubles")
       ("loss-positions", named_value(c.loss_positions, "loss-positions"), "targets (the LM head and its cross-entropy run only where the loss mask counts: same loss and gradients, a fraction of the head's work) | all (every position, as a plain head)")
       ("device", named_value(c.device, "device"), help<DeviceKind>(" (auto: cuda when built with CUDA and a GPU is present)").c_str())
       ("kernels", named_value(c.kernels, "kernels"), help<model::Kernels>(": the LM head's softmax and cross-entropy by the project's CUDA kernels (fused) or ATen ops (reference); auto = fused on CUDA").c_str())
@@ -202,7 +205,9 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"max_eval_pairs", c.max_eval_pairs}, {"epochs", c.epochs}, {"max_steps", c.max_steps},
           {"batch_size", c.batch_size}, {"seq_len", c.seq_len}, {"grad_accum", c.grad_accum},
           {"lr", c.lr}, {"weight_decay", c.weight_decay}, {"grad_clip", c.grad_clip},
-          {"precision", name_string(c.precision)}, {"device", name_string(c.device)}, {"seed", c.seed},
+          {"precision", name_string(c.precision)}, {"loss_scale", name_string(c.loss_scale)},
+          {"loss_scale_init", c.loss_scale_init}, {"loss_scale_window", c.loss_scale_window},
+          {"device", name_string(c.device)}, {"seed", c.seed},
           {"warmup_epochs", c.warmup_epochs}, {"out", c.out}, {"init_from", c.init_from},
           {"allow_unverified_checkpoint", c.allow_unverified_checkpoint},
           {"save_every", c.save_every}, {"resume", c.resume},

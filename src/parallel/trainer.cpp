@@ -19,6 +19,7 @@
 #include "gpt2p/parallel/evaluator.h"
 #include "gpt2p/parallel/grad_norm.h"
 #include "gpt2p/parallel/grad_sync.h"
+#include "gpt2p/parallel/loss_scaler.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
@@ -37,7 +38,8 @@ namespace {
 class DataParallelStep final : public StepStrategy {
  public:
   DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model,
-                   compat::FusedAdamW& optimizer, GradSync& sync, ShardedAdamW* zero)
+                   compat::FusedAdamW& optimizer, GradSync& sync, ShardedAdamW* zero,
+                   LossScaler& scaler)
       : ctx_(ctx),
         cfg_(ctx.cfg),
         data_(data),
@@ -46,9 +48,9 @@ class DataParallelStep final : public StepStrategy {
         optimizer_(optimizer),
         sync_(sync),
         zero_(zero),
+        scaler_(scaler),
         world_(ctx.topo.size),
         micro_(data.local_batch() / ctx.cfg.grad_accum),
-        bf16_(ctx.cfg.precision == model::Precision::kBf16),
         positions_(ctx.cfg.loss_positions),
         clock_(ctx.device, 2 * ctx.cfg.grad_accum + 3) {}
 
@@ -60,13 +62,14 @@ class DataParallelStep final : public StepStrategy {
     const auto& batch = cur.batch;
     rec.data = cur.host_seconds;
     clock_.mark(0);
+    const double scale = scaler_.scale();
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
     for (int k = 0; k < cfg_.grad_accum; ++k) {
       torch::Tensor loss;
       {
-        compat::AutocastGuard autocast(ctx_.device, bf16_);
+        compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
         loss = model_->loss(cur.dev.inputs.narrow(0, k * micro_, micro_),
-                            cur.rows[static_cast<size_t>(k)], bf16_);
+                            model::scaled(cur.rows[static_cast<size_t>(k)], scale), ctx_.autocast);
       }
       clock_.mark(1 + 2 * k);
       if (zero_ != nullptr) {
@@ -81,13 +84,26 @@ class DataParallelStep final : public StepStrategy {
     zero_ != nullptr ? zero_->end_backward() : sync_.end_backward();
     const int sync_mark = 2 * cfg_.grad_accum + 1;
     clock_.mark(sync_mark);
-    if (zero_ != nullptr) {
-      if (cfg_.grad_clip > 0) clip_sharded_grad_norm({zero_}, {}, {ctx_.comm.get()}, cfg_.grad_clip);
+    // The gradients are unscaled while clipped; with loss scaling the host reads their norm and
+    // the ranks agree to skip a step whose gradients overflowed.
+    bool apply = true;
+    if (cfg_.grad_clip > 0 || scaler_.enabled()) {
+      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) poison();
+      const auto norm =
+          zero_ != nullptr
+              ? clip_sharded_grad_norm({zero_}, {}, {ctx_.comm.get()}, cfg_.grad_clip, 1 / scale)
+              : clip_grad_norm_queued(params_, cfg_.grad_clip, 1 / scale);
+      if (scaler_.enabled()) {
+        apply = scaler_.update(std::isfinite(norm.item<double>()), ctx_.control.get(), rec.step);
+      }
+    }
+    if (apply && zero_ != nullptr) {
       zero_->step();
-    } else {
-      if (cfg_.grad_clip > 0) clip_grad_norm_queued(params_, cfg_.grad_clip);
+    } else if (apply) {
       optimizer_.step();
     }
+    rec.loss_scale = scale;
+    rec.skipped = apply ? 0 : 1;
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();
     clock_.mark(sync_mark + 1);
     // finish_step stamps the sync's end on the host: before the next batch's preparation, which
@@ -109,7 +125,7 @@ class DataParallelStep final : public StepStrategy {
     rec.target_tokens = batch.batch.target_tokens;
     // loss_sum = local masked CE sum * world / global targets; report this rank's mean.
     const double local_sum =
-        loss_sum.item<double>() * static_cast<double>(batch.global_target_tokens) / world_;
+        loss_sum.item<double>() / scale * static_cast<double>(batch.global_target_tokens) / world_;
     rec.loss = batch.batch.target_tokens > 0
                    ? local_sum / static_cast<double>(batch.batch.target_tokens)
                    : 0.0;
@@ -147,7 +163,7 @@ class DataParallelStep final : public StepStrategy {
     }
     const int64_t vocab = ctx_.model_config.vocab_size;
     const auto logits_fn = [&](const torch::Tensor& ids) {
-      compat::AutocastGuard autocast(ctx_.device, bf16_);
+      compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
       return model_->forward(ids).to(torch::kFloat32);
     };
     const auto val = validation_loss(logits_fn, data_.dataset().split("validation"),
@@ -191,6 +207,18 @@ class DataParallelStep final : public StepStrategy {
     double host_seconds = 0;
   };
 
+  // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+  void poison() {
+    const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
+    if (zero_ != nullptr) {
+      zero_->scale_grads(nan);
+      return;
+    }
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad().mul_(nan);
+    }
+  }
+
   Prepared prepare() {
     const auto t = Clock::now();
     Prepared p;
@@ -215,9 +243,9 @@ class DataParallelStep final : public StepStrategy {
   compat::FusedAdamW& optimizer_;
   GradSync& sync_;
   ShardedAdamW* zero_;
+  LossScaler& scaler_;
   const int world_;
   const int64_t micro_;
-  const bool bf16_;
   const model::LossPositions positions_;
   compat::DeviceClock clock_;
   std::optional<Prepared> ahead_;
@@ -328,9 +356,10 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   for (const auto& p : params) moments += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
   recorder.set_attribute("optimizer_state_bytes",
                          static_cast<double>(zero ? zero->state_bytes() : moments));
-  DataParallelStep strategy(ctx, data, model, optimizer, *sync, zero.get());
-  return run_training(ctx, data, recorder, state, {name, rank, world, static_cast<double>(world)},
-                      strategy);
+  LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
+  DataParallelStep strategy(ctx, data, model, optimizer, *sync, zero.get(), scaler);
+  return run_training(ctx, data, recorder, state,
+                      {name, rank, world, static_cast<double>(world), &scaler}, strategy);
 }
 
 }  // namespace gpt2p::parallel

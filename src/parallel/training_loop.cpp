@@ -26,7 +26,19 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
   int64_t saved_step = state.step;  // the step the newest checkpoint holds (a resume's own)
   const auto save = [&](int64_t epoch, int64_t next_batch) {
     const auto at = resume_point(epoch, next_batch, per_epoch);
-    strategy.save(checkpoint, {step, at.epoch, at.batch, cfg.seed, {}, recorded_config(cfg, data), {}});
+    model::TrainState saved;
+    saved.step = step;
+    saved.epoch = at.epoch;
+    saved.batch_in_epoch = at.batch;
+    saved.seed = cfg.seed;
+    saved.config = recorded_config(cfg, data);
+    if (setup.scaler != nullptr) {
+      const LossScaleState scaling = setup.scaler->state();
+      saved.loss_scale = scaling.scale;
+      saved.loss_scale_good_steps = scaling.good_steps;
+      saved.skipped_steps = scaling.skipped_steps;
+    }
+    strategy.save(checkpoint, saved);
     saved_step = step;
   };
   // Where a run that ends now would resume: after the last step taken.
@@ -60,9 +72,12 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
       const bool more = b + 1 < per_epoch && (cfg.max_steps == 0 || step + 1 < cfg.max_steps);
       const double run_flops = strategy.step(rec, more);
       rec.end = now();
-      finish_step(recorder, rec, totals,
-                  {epoch, cfg.epochs, b, per_epoch, cfg.log_every, setup.rank == 0,
-                   setup.tokens_factor, ctx.peak_flops, run_flops, setup.ranks});
+      finish_step(
+          recorder, rec, totals,
+          {epoch, cfg.epochs, b, per_epoch, cfg.log_every, setup.rank == 0, setup.tokens_factor,
+           ctx.peak_flops, run_flops, setup.ranks,
+           setup.scaler != nullptr && setup.scaler->enabled() ? setup.scaler->state().skipped_steps
+                                                              : -1});
       profiler.after_step(step);
       stopped_by = stop_requested(*ctx.control);
       end_epoch_at = epoch;

@@ -279,8 +279,8 @@ int64_t ShardedAdamW::unsharded_state_bytes() const {
 
 torch::Tensor clip_sharded_grad_norm(const std::vector<ShardedAdamW*>& shards,
                                      const std::vector<torch::Tensor>& uncounted,
-                                     const std::vector<comm::Communicator*>& over,
-                                     double max_norm) {
+                                     const std::vector<comm::Communicator*>& over, double max_norm,
+                                     double inv_scale) {
   GPT2P_CHECK(!shards.empty(), "no sharded gradients to clip", "this is a bug");
   torch::Tensor sq;
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -298,9 +298,12 @@ torch::Tensor clip_sharded_grad_norm(const std::vector<ShardedAdamW*>& shards,
       sq = there.to(sq.device());
     }
   }
-  const auto norm = sq.sqrt().reshape({});
-  const auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0).to(torch::kFloat32);
-  for (auto* s : shards) s->scale_grads(coef);
+  auto norm = sq.sqrt().reshape({});
+  if (inv_scale != 1.0) norm = norm * inv_scale;
+  const auto coef = unscale_clip_factor(norm, max_norm, inv_scale, torch::kFloat32);
+  if (coef.defined()) {
+    for (auto* s : shards) s->scale_grads(coef);
+  }
   return norm;
 }
 

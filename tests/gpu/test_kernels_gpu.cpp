@@ -141,7 +141,7 @@ void check_linear(bool bf16, double tol) {
     auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
          b = b0.clone().requires_grad_(true);
     {
-      compat::AutocastGuard autocast(kGpu, bf16);
+      compat::AutocastGuard autocast(kGpu, bf16 ? torch::kBFloat16 : torch::kFloat32);
       y[i] = i == 0 ? torch::linear(x, w, b) : kernels::linear(x, w, b);
     }
     (y[i].to(torch::kFloat32) * up).sum().backward();
@@ -229,8 +229,8 @@ void check_model(model::LayerRange range, bool bf16, double loss_tol, double gra
     int i = 0;
     for (auto* m : {&ref, &fused}) {
       {
-        compat::AutocastGuard autocast(kGpu, bf16);
-        loss[i] = (*m)->loss(input, rows[0], bf16);
+        compat::AutocastGuard autocast(kGpu, bf16 ? torch::kBFloat16 : torch::kFloat32);
+        loss[i] = (*m)->loss(input, rows[0], bf16 ? torch::kBFloat16 : torch::kFloat32);
       }
       loss[i].backward();
       ++i;
@@ -284,7 +284,7 @@ void check_middle_stage(bool bf16, double tol) {
   for (auto* m : {&ref, &fused}) {
     auto x = input.clone().requires_grad_(true);
     {
-      compat::AutocastGuard autocast(kGpu, bf16);
+      compat::AutocastGuard autocast(kGpu, bf16 ? torch::kBFloat16 : torch::kFloat32);
       out[i] = (*m)->forward(x);
     }
     (out[i].to(torch::kFloat32) * up).sum().backward();

@@ -267,7 +267,7 @@ TEST(AddLayerNormAutograd, AutocastChangesNothing) {
   for (int i = 0; i < 2; ++i) {
     auto x = in.x.clone().requires_grad_(true), gamma = in.gamma.clone().requires_grad_(true);
     {
-      compat::AutocastGuard autocast(kGpu, i == 1);
+      compat::AutocastGuard autocast(kGpu, i == 1 ? torch::kBFloat16 : torch::kFloat32);
       out[i] = kernels::add_layer_norm(x, in.delta, gamma, in.beta, kEps, torch::kBFloat16)[1];
     }
     out[i].backward(grad_out);

@@ -112,7 +112,7 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
       models.back()->reset_parameters(kSeed);
       models.back()->to(device);
       stages.push_back(std::make_unique<pipeline::GptStage>(
-          models.back(), c.m, false, model::LossPositions::kTargets, c.zero_bubble));
+          models.back(), c.m, torch::kFloat32, model::LossPositions::kTargets, c.zero_bubble));
       stages.back()->set_batch(b);
       ptrs.push_back(stages.back().get());
     }

@@ -79,8 +79,8 @@ Step train_step(const model::GPT2Config& c, model::Recompute mode, int64_t batch
   torch::manual_seed(seed);
   Step s;
   {
-    compat::AutocastGuard autocast(kGpu, true);
-    s.loss = m->loss(ids, rows[0], /*bf16=*/true);
+    compat::AutocastGuard autocast(kGpu, torch::kBFloat16);
+    s.loss = m->loss(ids, rows[0], torch::kBFloat16);
   }
   EXPECT_EQ(checkpoints_behind(s.loss),
             mode == model::Recompute::kBlocks ? static_cast<int>(c.n_layer) : 0);

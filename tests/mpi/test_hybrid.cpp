@@ -126,7 +126,7 @@ void expect_hybrid_equals_one_rank(int dp, const Case& k) {
     models.emplace_back(cfg, split[static_cast<size_t>(mesh.pp_rank + c * n)]);
     models.back()->reset_parameters(kSeed);
     stages.push_back(std::make_unique<pipeline::GptStage>(
-        models.back(), m, false, model::LossPositions::kTargets, k.zero_bubble));
+        models.back(), m, torch::kFloat32, model::LossPositions::kTargets, k.zero_bubble));
     stage_ptrs.push_back(stages.back().get());
     stages.back()->set_batch(replica_batch(batch, mesh));
   }

@@ -82,7 +82,7 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
   const int n = comm.size();
   std::vector<double> costs;
   if (partition == "measured") {
-    costs = parallel::measured_layer_costs(comm, config, rows / m, kSeq, /*bf16=*/false);
+    costs = parallel::measured_layer_costs(comm, config, rows / m, kSeq, torch::kFloat32);
   }
   const auto split =
       parallel::stage_partition(*from_name<pipeline::PartitionKind>(partition), config,
@@ -94,7 +94,7 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
     run.models.emplace_back(config, r);
     run.models.back()->reset_parameters(kSeed);
     run.stages.push_back(std::make_unique<pipeline::GptStage>(
-        run.models.back(), m, false, model::LossPositions::kTargets, zero_bubble));
+        run.models.back(), m, torch::kFloat32, model::LossPositions::kTargets, zero_bubble));
     stages.push_back(run.stages.back().get());
   }
   // MPI calls never block, so the wrap channels may share the two communicators.
@@ -286,7 +286,7 @@ TEST(PipelineMpi, TrainingCurvesMatchModelParallelAndTheWholeModel) {
 // Rank 0 measures, every rank cuts with rank 0's numbers: the same positive costs everywhere.
 TEST(PipelineMpi, MeasuredCostsAreRankZerosOnEveryRank) {
   const auto config = small_config();
-  const auto costs = parallel::measured_layer_costs(world(), config, 2, kSeq, /*bf16=*/false);
+  const auto costs = parallel::measured_layer_costs(world(), config, 2, kSeq, torch::kFloat32);
   ASSERT_EQ(costs.size(), static_cast<size_t>(config.n_layer) + 2);
   // The embedding may cost no more than a stage call (0 beyond it); blocks and the head cost more.
   EXPECT_GE(costs.front(), 0.0);
@@ -310,7 +310,7 @@ TEST(PipelineMpi, ErrorsNameTheProblem) {
         << e.what();
   }
   model::GPT2 m(config);
-  pipeline::GptStage stage(m, 3, false);
+  pipeline::GptStage stage(m, 3, torch::kFloat32);
   try {
     stage.set_batch(random_batch(1, config.vocab_size));
     ADD_FAILURE() << "8 rows into 3 micro-batches should fail";

@@ -155,7 +155,7 @@ std::vector<torch::Tensor> grads_of(GPT2& model, const std::vector<torch::Tensor
   for (size_t k = 0; k < micro.size(); ++k) {
     torch::Tensor loss;
     {
-      compat::AutocastGuard autocast(torch::kCPU, bf16);
+      compat::AutocastGuard autocast(torch::kCPU, bf16 ? torch::kBFloat16 : torch::kFloat32);
       loss = model->lm_loss_all(model->forward(micro[k]).to(torch::kFloat32), micro[k]);
     }
     loss.backward();

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "gpt2p/compat/rng.h"
 #include "gpt2p/parallel/grad_norm.h"
 
@@ -83,6 +85,32 @@ TEST(GradNorm, ScalesOnlyAboveTheLimit) {
   const double coef = scale_to_max_norm(g, 8.0, 2.0);
   EXPECT_NEAR(coef, 2.0 / (8.0 + 1e-6), 1e-12);
   EXPECT_TRUE(torch::allclose(g[0], torch::full({3}, static_cast<float>(4.0 * coef))));
+}
+
+TEST(GradNorm, UnscalingAPowerOfTwoScaleGivesTheUnscaledBits) {
+  // Loss scaling (loss_scaler.h): gradients 1024 times too large, divided out while clipping.
+  for (double max_norm : {0.5, 1e6, 0.0}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    auto plain = params_with_grads(3.0), queued = params_with_grads(3.0 * 1024),
+         host = params_with_grads(3.0 * 1024);
+    const auto n_plain = clip_grad_norm_queued(plain, max_norm);
+    const auto n_queued = clip_grad_norm_queued(queued, max_norm, 1.0 / 1024);
+    EXPECT_EQ(n_queued.item<double>(), n_plain.item<double>());
+    std::vector<torch::Tensor> host_grads;
+    for (const auto& p : host) {
+      if (p.grad().defined()) host_grads.push_back(p.grad());
+    }
+    const double n_host = std::sqrt(grad_sq_norm(host_grads).item<double>()) / 1024;
+    EXPECT_EQ(n_host, n_plain.item<double>());
+    scale_to_max_norm(host_grads, n_host, max_norm, 1.0 / 1024);
+    const auto a = grads_of(plain), b = grads_of(queued), c = grads_of(host);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].defined(), b[i].defined()) << i;
+      if (!a[i].defined()) continue;
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+      EXPECT_TRUE(torch::equal(a[i], c[i])) << i;
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include <H5Cpp.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -12,8 +13,8 @@
 #include "gpt2p/io/h5_writer.h"
 #include "gpt2p/io/run_info.h"
 #include "gpt2p/io/run_record.h"
-#include "support/temp_dir.h"
 #include "support/h5_read.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using gpt2p::io::H5Writer;
@@ -89,6 +90,28 @@ TEST(H5Writer, PartialFileKeepsFlushedRows) {
   EXPECT_EQ(read_column(path + ".partial", "steps/step").size(), 300U);
   w->close();
   EXPECT_EQ(read_column(path, "steps/step").back(), 299.0);
+}
+
+TEST(H5Writer, AContinuedTableGainsTheColumnsALaterVersionAdded) {
+  const gpt2p::testing::TempDir dir("h5_added");
+  const std::string path = dir / "rank0.h5";
+  {  // An older version's file: no loss_scale column.
+    H5Writer w(path);
+    w.add_table("steps", {"step", "loss"});
+    w.append("steps", {0, 2.5});
+    w.append("steps", {1, 2.25});
+  }
+  {
+    H5Writer w(path, RecordMode::kAppend);
+    w.add_table("steps", {"step", "loss", "loss_scale"});
+    EXPECT_EQ(w.rows("steps"), 2);
+    w.append("steps", {2, 2.0, 1024});
+  }
+  EXPECT_EQ(read_column(path, "steps/step"), (std::vector<double>{0, 1, 2}));
+  const auto scale = read_column(path, "steps/loss_scale");
+  ASSERT_EQ(scale.size(), 3U);
+  EXPECT_TRUE(std::isnan(scale[0]) && std::isnan(scale[1])) << scale[0] << " " << scale[1];
+  EXPECT_EQ(scale[2], 1024);
 }
 
 TEST(H5Writer, RejectsRowOfWrongWidthAndUnknownTable) {

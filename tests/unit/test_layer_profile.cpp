@@ -2,6 +2,7 @@
 // turns the times into per-layer costs that the balanced split consumes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +18,8 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
-#include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/perf/planner.h"
+#include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
@@ -32,7 +33,7 @@ TEST(LayerProfile, TimesEveryPartOnTheCpu) {
   auto config = model::preset("tiny");
   config.dropout = 0.0;
   const LayerTimes t = measure_layer_times(config, /*micro_rows=*/2, /*seq_len=*/16,
-                                           /*bf16=*/false, c10::kCPU, /*warmup=*/1,
+                                           torch::kFloat32, c10::kCPU, /*warmup=*/1,
                                            /*reps=*/2, /*rounds=*/2);
   for (double s : {t.embedding, t.block, t.head, t.stage}) {
     EXPECT_TRUE(std::isfinite(s));
@@ -53,14 +54,14 @@ TEST(LayerProfile, TimesEveryPartOnTheCpu) {
 TEST(LayerProfile, OneBlockLeavesNoStageOverhead) {
   auto config = model::preset("tiny");
   config.n_layer = 1;
-  const LayerTimes t = measure_layer_times(config, 1, 8, /*bf16=*/false, c10::kCPU, 0, 1, 1);
+  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1);
   EXPECT_EQ(t.stage, 0.0);
   EXPECT_GT(t.block, 0.0);
 }
 
 TEST(LayerProfile, Bf16AutocastRunsToo) {
   auto config = model::preset("tiny");
-  const LayerTimes t = measure_layer_times(config, 1, 8, /*bf16=*/true, c10::kCPU, 0, 1, 1);
+  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kBFloat16, c10::kCPU, 0, 1, 1);
   EXPECT_GT(t.block, 0.0);
   EXPECT_GT(t.head, 0.0);
 }
@@ -97,15 +98,18 @@ TEST(LayerProfile, AHeadAtTheTargetPositionsOnlyEvensTheCut) {
 
 TEST(LayerProfile, BadArgumentsSayWhatToPass) {
   const auto config = model::preset("tiny");
-  EXPECT_NE(
-      error_of([&] { measure_layer_times(config, 0, 8, false, c10::kCPU); }).find("micro_rows 0"),
-      std::string::npos);
-  EXPECT_NE(error_of([&] { measure_layer_times(config, 1, 8, false, c10::kCPU, 0, 1, 1, 1.5); })
-                .find("loss fraction 1.5"),
+  EXPECT_NE(error_of([&] {
+              measure_layer_times(config, 0, 8, torch::kFloat32, c10::kCPU);
+            }).find("micro_rows 0"),
             std::string::npos);
-  EXPECT_NE(
-      error_of([&] { measure_layer_times(config, 1, 8, false, c10::kCPU, 0, 0); }).find("reps 0"),
-      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.5);
+            }).find("loss fraction 1.5"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 0);
+            }).find("reps 0"),
+            std::string::npos);
   EXPECT_NE(error_of([] { layer_costs_from_times({}, 0); }).find("n_layer 0 < 1"),
             std::string::npos);
 }

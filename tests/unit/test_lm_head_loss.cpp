@@ -173,7 +173,7 @@ TEST(GPT2Loss, EqualsTheScaledLossOfTheLogitsWithTheSameGradients) {
     fused->reset_parameters(3);
     plain->reset_parameters(3);
     const auto rows = loss_rows(labels, mask, 1, 2.0 / static_cast<double>(targets), positions);
-    const auto a = fused->loss(ids, rows[0], /*bf16=*/false, /*chunk_rows=*/7);
+    const auto a = fused->loss(ids, rows[0], torch::kFloat32, /*chunk_rows=*/7);
     const auto b = parallel::scaled_loss(plain->forward(ids), labels, mask, 100, targets, 2);
     EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-5 * b.item<double>()) << name_of(positions);
     a.backward();
@@ -190,8 +190,9 @@ TEST(GPT2Loss, OnlyTheStageWithTheHeadHasALoss) {
   GPT2 first(small_config(), LayerRange{0, 2});
   const auto ids = torch::zeros({1, 4}, torch::kLong);
   const auto rows = loss_rows(ids, torch::ones({1, 4}), 1, 1.0, LossPositions::kTargets);
-  EXPECT_NE(error_of([&] { first->loss(ids, rows[0], false); }).find("does not hold the head"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { first->loss(ids, rows[0], torch::kFloat32); }).find("does not hold the head"),
+      std::string::npos);
 }
 
 }  // namespace

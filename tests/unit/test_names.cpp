@@ -38,7 +38,7 @@ void expect_complete_table(size_t expected_values) {
 }
 
 TEST(Names, EveryTableIsCompleteAndUnambiguous) {
-  expect_complete_table<model::Precision>(3);
+  expect_complete_table<model::Precision>(4);
   expect_complete_table<model::LossPositions>(2);
   expect_complete_table<model::Kernels>(3);
   expect_complete_table<model::Recompute>(2);
@@ -48,13 +48,14 @@ TEST(Names, EveryTableIsCompleteAndUnambiguous) {
   expect_complete_table<pipeline::PartitionKind>(3);
   expect_complete_table<parallel::DeviceKind>(3);
   expect_complete_table<parallel::GradSyncMode>(2);
+  expect_complete_table<parallel::LossScaleMode>(3);
   expect_complete_table<parallel::ReduceDtype>(2);
   expect_complete_table<parallel::EmbeddingSync>(2);
   expect_complete_table<parallel::PipelineMode>(2);
 }
 
 TEST(Names, ChoicesListTheNamesInTableOrder) {
-  EXPECT_EQ(choices<model::Precision>(), "fp32 | tf32 | bf16");
+  EXPECT_EQ(choices<model::Precision>(), "fp32 | tf32 | bf16 | fp16");
   EXPECT_EQ(choices<parallel::GradSyncMode>(", "), "per-param, bucketed");
   static_assert(name_of(pipeline::ScheduleKind::kOneFOneB) == "1f1b");
   static_assert(from_name<comm::Backend>("nccl") == comm::Backend::kNccl);

@@ -198,19 +198,23 @@ TEST(TrainOptions, BoundaryValuesInRangeAreAccepted) {
 TEST(Kernels, AutoTakesTheReferenceKernelsOnGpusOlderThanSm80) {
   using gpt2p::model::Kernels;
   using gpt2p::model::kernels_fallback_reason;
+  using gpt2p::model::Precision;
   using gpt2p::model::resolve_kernels;
   // A CUDA build (built = true) on an H200 (9.0), an A100 (8.0) and a V100 (7.0).
-  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 90, true), Kernels::kFused);
-  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 80, true), Kernels::kFused);
-  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 70, true), Kernels::kReference);
-  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, true, 70, true),
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {true, 90, Precision::kFp32, true}), Kernels::kFused);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {true, 80, Precision::kFp32, true}), Kernels::kFused);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {true, 70, Precision::kFp32, true}),
+            Kernels::kReference);
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, {true, 70, Precision::kFp32, true}),
             "sm_70 is older than the fused kernels' sm_80");
-  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, true, 90, true), "");
-  EXPECT_EQ(kernels_fallback_reason(Kernels::kReference, true, 70, true), "");
-  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, false, 0, true), "");  // the CPU: no note
-  EXPECT_EQ(resolve_kernels(Kernels::kReference, true, 70, true), Kernels::kReference);
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, {true, 90, Precision::kFp32, true}), "");
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kReference, {true, 70, Precision::kFp32, true}), "");
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, {false, 0, Precision::kFp32, true}),
+            "");  // the CPU: no note
+  EXPECT_EQ(resolve_kernels(Kernels::kReference, {true, 70, Precision::kFp32, true}),
+            Kernels::kReference);
   try {
-    resolve_kernels(Kernels::kFused, true, 70, true);
+    resolve_kernels(Kernels::kFused, {true, 70, Precision::kFp32, true});
     ADD_FAILURE() << "--kernels fused on sm_70 was accepted";
   } catch (const gpt2p::Error& e) {
     EXPECT_NE(std::string(e.what()).find("needs a GPU of compute capability 8.0 or newer; this "
@@ -219,6 +223,55 @@ TEST(Kernels, AutoTakesTheReferenceKernelsOnGpusOlderThanSm80) {
         << e.what();
   }
   // The CPU, and a build without the kernels.
-  EXPECT_EQ(resolve_kernels(Kernels::kAuto, false, 0, true), Kernels::kReference);
-  EXPECT_EQ(resolve_kernels(Kernels::kAuto, true, 90, false), Kernels::kReference);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {false, 0, Precision::kFp32, true}),
+            Kernels::kReference);
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {true, 90, Precision::kFp32, false}),
+            Kernels::kReference);
+}
+
+TEST(Kernels, Fp16RunsOnTheReferenceKernels) {
+  using gpt2p::model::Kernels;
+  using gpt2p::model::kernels_fallback_reason;
+  using gpt2p::model::Precision;
+  using gpt2p::model::resolve_kernels;
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {true, 90, Precision::kFp16, true}),
+            Kernels::kReference);
+  EXPECT_EQ(kernels_fallback_reason(Kernels::kAuto, {true, 90, Precision::kFp16, true}),
+            "fp16 runs on the reference kernels");
+  EXPECT_EQ(resolve_kernels(Kernels::kAuto, {true, 90, Precision::kBf16, true}), Kernels::kFused);
+  try {
+    resolve_kernels(Kernels::kFused, {true, 90, Precision::kFp16, true});
+    ADD_FAILURE() << "--kernels fused with fp16 was accepted";
+  } catch (const gpt2p::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kernels fused with --precision fp16: the fused "
+                                         "kernels compute in float32 or bfloat16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Precision, DevicesRefuseTheHalfTypesTheyLack) {
+  using gpt2p::model::check_precision;
+  using gpt2p::model::Precision;
+  const auto refusal = [](Precision p, bool cuda, int capability) {
+    try {
+      check_precision(p, cuda, capability);
+    } catch (const gpt2p::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal(Precision::kFp16, true, 70), "");  // a V100
+  EXPECT_EQ(refusal(Precision::kFp16, true, 90), "");
+  EXPECT_EQ(refusal(Precision::kBf16, true, 80), "");
+  EXPECT_EQ(refusal(Precision::kBf16, false, 0), "");  // CPU autocast has bf16
+  EXPECT_EQ(refusal(Precision::kFp32, true, 70), "");
+  EXPECT_NE(
+      refusal(Precision::kFp16, false, 0).find("--precision fp16 autocasts on CUDA GPUs only"),
+      std::string::npos);
+  EXPECT_NE(refusal(Precision::kBf16, true, 70)
+                .find("--precision bf16 needs a GPU with bfloat16 tensor cores (compute "
+                      "capability 8.0 or newer); this one is 7.0 -- fix: pass --precision fp16"),
+            std::string::npos)
+      << refusal(Precision::kBf16, true, 70);
 }

@@ -73,8 +73,8 @@ torch::Tensor train_loss(GPT2& model, uint64_t seed, bool bf16 = false) {
   torch::manual_seed(seed);
   torch::Tensor loss;
   {
-    compat::AutocastGuard autocast(torch::kCPU, bf16);
-    loss = model->loss(ids, rows[0], bf16);
+    compat::AutocastGuard autocast(torch::kCPU, bf16 ? torch::kBFloat16 : torch::kFloat32);
+    loss = model->loss(ids, rows[0], bf16 ? torch::kBFloat16 : torch::kFloat32);
   }
   EXPECT_EQ(checkpoints_behind(loss), model->recompute() == Recompute::kBlocks
                                           ? static_cast<int>(model->config().n_layer)

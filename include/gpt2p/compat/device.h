@@ -13,10 +13,11 @@ namespace gpt2p::compat {
 // false: TF32 allowed. A no-op for CPU-only builds.
 void set_strict_fp32(bool strict);
 
-// Turns bf16 autocast on for `device` (CUDA or CPU) while alive; a no-op when !enabled.
+// Turns autocast to `dtype` (torch::kBFloat16 or torch::kHalf) on for `device` (CUDA or CPU) while
+// alive; a no-op for any other dtype (torch::kFloat32: no autocast).
 class AutocastGuard {
  public:
-  AutocastGuard(const torch::Device& device, bool enabled);
+  AutocastGuard(const torch::Device& device, torch::ScalarType dtype);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -25,10 +26,14 @@ class AutocastGuard {
   torch::Device device_;
   bool enabled_;
   bool previous_ = false;
+  torch::ScalarType previous_dtype_ = torch::kFloat32;
 };
 
-// Whether autocast is on for `device`'s type on this thread (AutocastGuard always picks bf16).
+// Whether autocast is on for `device`'s type on this thread.
 bool autocast_enabled(const torch::Device& device);
+// The type autocast computes in for `device`'s type on this thread (torch::kBFloat16 or
+// torch::kHalf), or `otherwise` when autocast is off.
+torch::ScalarType autocast_dtype(const torch::Device& device, torch::ScalarType otherwise);
 
 // Whether this build has CUDA and at least one GPU is visible.
 bool cuda_available();

@@ -18,8 +18,10 @@ namespace gpt2p::io {
 
 // kCreate: a new, empty file replaces any earlier one. kAppend: an existing `<path>` (or, when
 // there is none, the `<path>.partial` a crash left) is continued: its attributes and rows are kept,
-// it is renamed to `<path>.partial` while written, and add_table() reopens its tables, which must
-// have exactly the declared columns (a crash in the middle of a row drops that incomplete row).
+// it is renamed to `<path>.partial` while written, and add_table() reopens its tables, whose
+// columns must be among the declared ones (a declared column the table lacks, one a later version
+// added, is created with NaN in the rows already there; a crash in the middle of a row drops that
+// incomplete row).
 // Without an existing file kAppend creates one, as kCreate does.
 enum class RecordMode { kCreate, kAppend };
 

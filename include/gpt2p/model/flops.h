@@ -23,8 +23,9 @@ namespace gpt2p::model {
 double training_flops(const GPT2Config& config, int64_t begin, int64_t end, int64_t tokens,
                       int64_t seq_len, int64_t head_rows);
 
-// Dense peak FLOP/s of one GPU for the precision the trainers run (kBf16: bf16 tensor cores;
-// kTf32; kFp32: plain float32 FMA), from the vendor's data sheet for the SXM parts; 0 when the
+// Dense peak FLOP/s of one GPU for the precision the trainers run (kBf16, kFp16: half-precision
+// tensor cores; kTf32; kFp32: plain float32 FMA), from the vendor's data sheet (H100/H200 and
+// A100 SXM and PCIe/NVL, V100 SXM2 and PCIe); 0 when the
 // GPU is not in the table (MFU is then not reported). GPT2P_PEAK_TFLOPS in the environment
 // overrides the table (TFLOP/s).
 double peak_flops(const std::string& gpu_name, Precision precision);

@@ -26,6 +26,10 @@ namespace gpt2p::model {
 
 using pipeline::LayerRange;
 
+// The type `precision` autocasts to (compat::AutocastGuard): torch::kBFloat16 for bf16,
+// torch::kHalf for fp16, torch::kFloat32 (no autocast) for fp32 and tf32.
+torch::ScalarType autocast_type(Precision precision);
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPT2Config& config);
@@ -91,8 +95,9 @@ class GPT2Impl : public torch::nn::Module {
   torch::Tensor features(const torch::Tensor& x);
 
   // Stages with the head: the loss of `rows` (see lm_head_loss.h) from the range's input, with the
-  // head computed only at those positions, in bf16 (autocast) or the weight's dtype.
-  torch::Tensor loss(const torch::Tensor& x, const LossRows& rows, bool bf16,
+  // head computed only at those positions, in `autocast` (autocast_type: bf16 or fp16) or, for
+  // kFloat32, in the weight's dtype.
+  torch::Tensor loss(const torch::Tensor& x, const LossRows& rows, torch::ScalarType autocast,
                      int64_t chunk_rows = kLossChunkRows);
 
   // How the model runs the operations that have CUDA kernels (kernels.h): the head's softmax

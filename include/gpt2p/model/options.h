@@ -2,17 +2,29 @@
 #pragma once
 
 #include <array>
+#include <string>
 
 #include "gpt2p/core/names.h"
 
 namespace gpt2p::model {
 
-// --precision: fp32 (true float32 matmuls), tf32 (float32 tensors, TF32 tensor-core matmuls) or
-// bf16 (autocast to bfloat16 on the GPU; float32 master weights and optimizer state).
-enum class Precision { kFp32, kTf32, kBf16 };
-constexpr std::array<Named<Precision>, 3> names(Precision) {
-  return {{{Precision::kFp32, "fp32"}, {Precision::kTf32, "tf32"}, {Precision::kBf16, "bf16"}}};
+// --precision: fp32 (true float32 matmuls), tf32 (float32 tensors, TF32 tensor-core matmuls),
+// bf16 (autocast to bfloat16; GPUs of compute capability 8.0 or newer, or the CPU) or fp16
+// (autocast to float16 on a CUDA GPU, with dynamic loss scaling: parallel/loss_scaler.h; the
+// half type of a V100). bf16 and fp16 keep float32 master weights and optimizer state.
+enum class Precision { kFp32, kTf32, kBf16, kFp16 };
+constexpr std::array<Named<Precision>, 4> names(Precision) {
+  return {{{Precision::kFp32, "fp32"},
+           {Precision::kTf32, "tf32"},
+           {Precision::kBf16, "bf16"},
+           {Precision::kFp16, "fp16"}}};
 }
+
+// Refuses a precision the device cannot run, with the reason and the fix: fp16 off CUDA (CPU
+// autocast has no float16 on every libtorch the project builds against) and bf16 on a GPU older
+// than compute capability 8.0 (a V100 has no bfloat16 tensor cores). `capability` as
+// resolve_kernels' (0 for the CPU).
+void check_precision(Precision precision, bool cuda_device, int capability);
 
 // --loss-positions: which positions the LM head is computed for (lm_head_loss.h). kTargets: only
 // where the loss mask is non-zero (the default; same loss and gradients). kAll: every position,
@@ -52,15 +64,23 @@ bool fused_kernels_built();
 // use bf16 and cuBLASLt paths that sm_70 (V100) lacks or that were never run there.
 inline constexpr int kFusedKernelsMinCapability = 80;
 
-// The kernels a request runs with: kFused or kReference. `capability` is the CUDA device's compute
-// capability as 10 * major + minor (compat::compute_capability; 0 for the CPU); `built` whether
-// this build has the kernels. A fused request that cannot run fails with the reason and the fix.
-Kernels resolve_kernels(Kernels requested, bool cuda_device, int capability,
-                        bool built = fused_kernels_built());
+// Where kernels are to run: the device, its compute capability as 10 * major + minor
+// (compat::compute_capability; 0 for the CPU), the run's precision, and whether this build has
+// the fused kernels.
+struct KernelTarget {
+  bool cuda_device = false;
+  int capability = 0;
+  Precision precision = Precision::kFp32;
+  bool built = fused_kernels_built();
+};
+
+// The kernels a request runs with: kFused or kReference. The fused kernels compute in float32 or
+// bfloat16: an fp16 run takes the reference kernels. A fused request that cannot run fails with
+// the reason and the fix.
+Kernels resolve_kernels(Kernels requested, const KernelTarget& target);
 
 // Why kAuto chose kReference on a CUDA device, for the start-up line ("sm_70 is older than the
 // fused kernels' sm_80"), or "" when it did not.
-std::string kernels_fallback_reason(Kernels requested, bool cuda_device, int capability,
-                                    bool built = fused_kernels_built());
+std::string kernels_fallback_reason(Kernels requested, const KernelTarget& target);
 
 }  // namespace gpt2p::model

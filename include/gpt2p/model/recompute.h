@@ -34,10 +34,10 @@
 // Not supported: double backward (the recomputed graph is not differentiable again), and asking
 // torch::autograd::grad() or backward(inputs) for the gradient of a tensor fn reads besides its
 // inputs: autograd reaches those only through the inner backward, which accumulates into .grad.
-// Only the bf16 autocast of compat::AutocastGuard is replayed, and a forward that ran without
+// compat::AutocastGuard's autocast (bf16 or fp16) is replayed, and a forward that ran without
 // autocast needs its backward outside autocast too (the trainers' backward always is). Under
 // autocast, fn's parameters should not be used outside fn in the same autocast scope: autocast
-// caches a parameter's bf16 copy, and the copy made in the no-grad forward carries no gradient.
+// caches a parameter's half copy, and the copy made in the no-grad forward carries no gradient.
 #pragma once
 
 #include <torch/types.h>

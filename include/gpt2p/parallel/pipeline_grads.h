@@ -47,8 +47,8 @@ void sync_tied_gradient(const std::vector<model::GPT2>& stages, comm::Communicat
 
 // torch's clip_grad_norm_ over the parameters of all stages of all ranks together (the tied
 // weight counted once); returns the global norm before clipping. Every rank calls it with its
-// stages. comm may be null (1 rank).
+// stages. comm may be null (1 rank). inv_scale: loss scaling's, as grad_norm.h.
 double clip_grad_norm_pipeline(const std::vector<model::GPT2>& stages, comm::Communicator* comm,
-                               double max_norm);
+                               double max_norm, double inv_scale = 1.0);
 
 }  // namespace gpt2p::parallel

@@ -23,13 +23,13 @@ namespace gpt2p::parallel {
 
 // `zero`: one sharded optimizer per stage with --zero 1, else empty (then `optimizers` step);
 // `replica_sum`: the replicas' sum with --dp D > 1 without ZeRO, else null. `my_stages` are this
-// rank's global stage indices into `split`.
+// rank's global stage indices into `split`. `scaler`: the run's loss scaling (loss_scaler.h).
 std::unique_ptr<StepStrategy> make_pipeline_step(
     const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
     std::vector<model::GPT2>& models, std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
     std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
     std::vector<std::unique_ptr<pipeline::GptStage>>& stages, pipeline::Executor& executor,
     const std::vector<int>& my_stages, const pipeline::Partition& split, int microbatches,
-    bool bf16, model::LossPositions positions);
+    model::LossPositions positions, LossScaler& scaler);
 
 }  // namespace gpt2p::parallel

@@ -61,6 +61,8 @@ struct RunContext {
   // as torch's dispatcher answers for this run's shapes), and one GPU's peak FLOP/s at
   // --precision (0 on the CPU or an unknown GPU: no MFU).
   model::Kernels kernels = model::Kernels::kReference;
+  // The type forward autocasts to at --precision (model::autocast_type; kFloat32: none).
+  torch::ScalarType autocast = torch::kFloat32;
   // Why --kernels auto chose the reference kernels on this GPU (model::kernels_fallback_reason).
   std::string kernels_fallback;
   std::string attention;

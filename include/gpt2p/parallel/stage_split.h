@@ -26,9 +26,9 @@ pipeline::Partition stage_partition(pipeline::PartitionKind partition, const mod
 // micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank cuts
 // the model the same way. `loss_fraction`: the share of positions the head runs at (see
 // measure_layer_times). Collective: every rank of `comm` calls it.
-std::vector<double> measured_layer_costs(comm::Communicator& comm,
-                                         const model::GPT2Config& config, int64_t micro_rows,
-                                         int64_t seq_len, bool bf16, double loss_fraction = 1.0);
+std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
+                                         int64_t micro_rows, int64_t seq_len,
+                                         torch::ScalarType autocast, double loss_fraction = 1.0);
 
 // A resumed run keeps the split its checkpoint was written with: stage s's layer range from
 // <resume>/stage<s>/meta.json. Throws naming the checkpoint when it holds another number of

@@ -36,9 +36,11 @@ torch::Tensor host_mask(const data::Batch& b);
 // "1h02m03s".
 std::string format_eta(double seconds);
 
-// Rank 0's progress line: "epoch E/N step B/P loss L tok/s X (all ranks) eta ...".
+// Rank 0's progress line: "epoch E/N step B/P loss L tok/s X (all ranks) eta ..."; `scaling`
+// (e.g. " scale 32768 (2 skipped)") follows the loss.
 void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch, double loss,
-                    double tokens_per_sec, double mfu, double eta_seconds);
+                    double tokens_per_sec, double mfu, double eta_seconds,
+                    const std::string& scaling = "");
 
 // HW5's per-rank line: "Epoch {e} on Rank {r}: Training Time = {t}, Tokens_per_sec = {x}".
 void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens);
@@ -65,11 +67,13 @@ struct StepPlace {
   double peak_flops = 0;
   double run_flops = 0;
   int ranks = 1;
+  // Loss scaling (loss_scaler.h): the steps skipped in the run so far, or -1 when it is off.
+  int64_t skipped_steps = -1;
 };
 
-// What every loop does with a finished step: refuse a non-finite loss (with the fix), fill in the
-// row's MFU, record the row, add it to the epoch's totals, and print the progress line every
-// log_every steps.
+// What every loop does with a finished step: refuse a non-finite loss (with the fix; a step loss
+// scaling skipped may have one), fill in the row's MFU, record the row, add it to the epoch's
+// totals, and print the progress line every log_every steps.
 void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& totals,
                  const StepPlace& place);
 

@@ -45,6 +45,15 @@ constexpr std::array<Named<EmbeddingSync>, 2> names(EmbeddingSync) {
   return {{{EmbeddingSync::kSparse, "sparse"}, {EmbeddingSync::kDense, "dense"}}};
 }
 
+// --loss-scale: dynamic loss scaling (loss_scaler.h). kAuto: dynamic with --precision fp16, off
+// otherwise.
+enum class LossScaleMode { kAuto, kDynamic, kOff };
+constexpr std::array<Named<LossScaleMode>, 3> names(LossScaleMode) {
+  return {{{LossScaleMode::kAuto, "auto"},
+           {LossScaleMode::kDynamic, "dynamic"},
+           {LossScaleMode::kOff, "off"}}};
+}
+
 // --mode (pp_train): a pipeline of micro-batches, or the whole batch as one micro-batch through
 // the stages in turn (HW5's model-parallel baseline).
 enum class PipelineMode { kPipeline, kModelParallel };
@@ -76,6 +85,9 @@ struct TrainConfig {
   double weight_decay = 0.01;
   double grad_clip = 1.0;
   model::Precision precision = model::Precision::kFp32;
+  LossScaleMode loss_scale = LossScaleMode::kAuto;
+  double loss_scale_init = 65536;    // 2^16, as torch.amp.GradScaler
+  int64_t loss_scale_window = 2000;  // good steps in a row before the scale doubles
   model::LossPositions loss_positions = model::LossPositions::kTargets;
   DeviceKind device = DeviceKind::kAuto;  // resolved: kCpu or kCuda
   model::Kernels kernels = model::Kernels::kAuto;  // a request (model::resolve_kernels)

@@ -12,6 +12,7 @@
 
 #include "gpt2p/io/run_record.h"
 #include "gpt2p/model/checkpoint.h"
+#include "gpt2p/parallel/loss_scaler.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_data.h"
 
@@ -59,6 +60,8 @@ struct LoopSetup {
   int rank = 0, ranks = 1;
   // Step tokens x this = the tokens of all ranks (data-parallel replicas: ranks; a pipeline: 1).
   double tokens_factor = 1.0;
+  // The strategy's loss scaling (its state goes into checkpoints and the progress line).
+  const LossScaler* scaler = nullptr;
 };
 
 // Trains from `state` (a fresh run's is zero) to --epochs or --max-steps, recording into

@@ -121,10 +121,12 @@ class ShardedAdamW {
 // (leaving out uncounted[i] in shards[i], where given) summed over each communicator in `over` in
 // turn (together: every rank holding another shard or stage; one communicator over them all gives
 // every rank the same bits, which ranks holding copies of one weight need), then every shard
-// gradient scaled by min(1, max_norm / (norm + 1e-6)). Queued on the device where `over` is;
-// returns the norm as a tensor on the shards' device.
+// gradient scaled by min(1, max_norm / (norm + 1e-6)) (and inv_scale: loss scaling's, as
+// grad_norm.h; max_norm 0: no clipping). Queued on the device where `over` is; returns the true
+// norm as a tensor on the shards' device.
 torch::Tensor clip_sharded_grad_norm(const std::vector<ShardedAdamW*>& shards,
                                      const std::vector<torch::Tensor>& uncounted,
-                                     const std::vector<comm::Communicator*>& over, double max_norm);
+                                     const std::vector<comm::Communicator*>& over, double max_norm,
+                                     double inv_scale = 1.0);
 
 }  // namespace gpt2p::parallel

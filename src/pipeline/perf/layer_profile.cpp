@@ -18,9 +18,9 @@ namespace {
 class Part {
  public:
   Part(const model::GPT2Config& config, model::LayerRange range, int64_t rows, int64_t seq_len,
-       bool bf16, const torch::Device& device, double loss_fraction,
+       torch::ScalarType autocast, const torch::Device& device, double loss_fraction,
        model::Recompute recompute = model::Recompute::kNone)
-      : layers_(config, range), stage_(init(layers_, device, recompute), 1, bf16) {
+      : layers_(config, range), stage_(init(layers_, device, recompute), 1, autocast) {
     const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
     StageBatch batch;
     batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
@@ -97,9 +97,8 @@ double kept_bytes(Part& part, const torch::Device& device) {
 }  // namespace
 
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
-                               bool bf16, const c10::Device& device, int warmup, int reps,
-                               int rounds, double loss_fraction,
-                               bool measure_memory) {
+                               torch::ScalarType autocast, const c10::Device& device, int warmup,
+                               int reps, int rounds, double loss_fraction, bool measure_memory) {
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
               "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
                                                  << ", reps " << reps << ", rounds " << rounds
@@ -110,10 +109,10 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
               "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
   const int L = static_cast<int>(config.n_layer);
   const bool count = measure_memory && device.is_cuda();  // the CPU has no allocator statistics
-  ActivationBytes kept =
-      estimate_activation_bytes(config, micro_rows, seq_len, bf16, loss_fraction);
+  ActivationBytes kept = estimate_activation_bytes(config, micro_rows, seq_len,
+                                                   autocast != torch::kFloat32, loss_fraction);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {
-    Part part(config, {begin, end}, micro_rows, seq_len, bf16, device, loss_fraction);
+    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction);
     const double seconds = time_part(part, device, warmup, reps, rounds);
     if (count && bytes != nullptr) *bytes = kept_bytes(part, device);
     return seconds;
@@ -121,7 +120,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   const double one = time(1, 2, &kept.block), embedding = time(0, 1, &kept.embedding),
                head = time(L + 1, L + 2, &kept.head);
   if (count) {
-    Part part(config, {1, 2}, micro_rows, seq_len, bf16, device, loss_fraction,
+    Part part(config, {1, 2}, micro_rows, seq_len, autocast, device, loss_fraction,
               model::Recompute::kBlocks);
     part.iteration();  // the first backward makes the gradients, which are no activations
     kept.block_recompute = kept_bytes(part, device);

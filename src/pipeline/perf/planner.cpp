@@ -5,9 +5,10 @@
 #include <utility>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/model/gpt2.h"
 #include "gpt2p/pipeline/perf/memory.h"
-#include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/perf/predict.h"
+#include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 
 namespace gpt2p::pipeline {
@@ -30,8 +31,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   for (int m : counts) {
     const int64_t rows = spec.batch_size / m;
     const LayerTimes t =
-        measure_layer_times(config, rows, spec.seq_len, spec.bf16, device, 2, spec.reps, 3,
-                            spec.loss_fraction);
+        measure_layer_times(config, rows, spec.seq_len, model::autocast_type(spec.precision),
+                            device, 2, spec.reps, 3, spec.loss_fraction);
     plan.times[rows] = t;
     costs[m] = layer_costs_from_times(t, L);
   }

@@ -14,9 +14,11 @@ void Stage::backward_weight(int mb) {
              "run W actions only on stages built with split_backward");
 }
 
-GptStage::GptStage(model::GPT2 model, int n_microbatches, bool bf16,
+GptStage::GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast,
                    model::LossPositions positions, bool split_backward)
-    : model_(std::move(model)), n_microbatches_(n_microbatches), bf16_(bf16),
+    : model_(std::move(model)),
+      n_microbatches_(n_microbatches),
+      autocast_(autocast),
       positions_(positions) {
   GPT2P_CHECK(n_microbatches_ >= 1,
               "a stage needs at least one micro-batch, got " << n_microbatches_,
@@ -37,7 +39,8 @@ void GptStage::set_batch(StageBatch batch) {
   micro_rows_ = rows / n_microbatches_;
   batch_ = std::move(batch);
   if (is_last()) {
-    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, batch_.global_target_tokens));
+    const double scale =
+        batch_.loss_scale / static_cast<double>(std::max<int64_t>(1, batch_.global_target_tokens));
     loss_rows_ = model::loss_rows(batch_.labels,
                                   batch_.host_mask.defined() ? batch_.host_mask : batch_.mask,
                                   n_microbatches_, scale, positions_);
@@ -46,7 +49,7 @@ void GptStage::set_batch(StageBatch batch) {
 
 double GptStage::take_loss() {
   if (!loss_sum_.defined()) return 0.0;
-  const double v = loss_sum_.item<double>();
+  const double v = loss_sum_.item<double>() / batch_.loss_scale;
   loss_sum_ = torch::Tensor();
   return v;
 }
@@ -74,9 +77,9 @@ torch::Tensor GptStage::empty_activation(int mb) {
 
 torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
   const torch::Device device = input.device();
-  compat::AutocastGuard autocast(device, bf16_);
+  compat::AutocastGuard autocast(device, autocast_);
   if (!is_last()) return model_->forward(input).to(torch::kFloat32);  // activations travel in fp32
-  auto loss = model_->loss(input, loss_rows_[static_cast<size_t>(check_microbatch(mb))], bf16_);
+  auto loss = model_->loss(input, loss_rows_[static_cast<size_t>(check_microbatch(mb))], autocast_);
   loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
   return loss;
 }

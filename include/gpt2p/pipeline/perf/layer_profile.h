@@ -16,6 +16,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <vector>
@@ -56,8 +57,8 @@ struct LayerTimes {
 // measure_memory false (a trainer that needs only the times), they are
 // estimate_activation_bytes's.
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
-                               bool bf16, const c10::Device& device, int warmup = 2, int reps = 5,
-                               int rounds = 3, double loss_fraction = 1.0,
+                               c10::ScalarType autocast, const c10::Device& device, int warmup = 2,
+                               int reps = 5, int rounds = 3, double loss_fraction = 1.0,
                                bool measure_memory = true);
 
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].

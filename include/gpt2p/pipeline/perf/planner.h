@@ -23,7 +23,7 @@ struct PlanSpec {
   int stages = 2;
   int64_t batch_size = 64;  // sequences per step (global)
   int64_t seq_len = 128;
-  bool bf16 = false;                              // autocast, as pp_train --precision bf16
+  model::Precision precision = model::Precision::kFp32;  // as pp_train --precision
   std::vector<int> microbatches{1, 2, 4, 8, 16};  // each divides batch_size
   // Stages per rank V: 1 predicts gpipe and 1f1b, V >= 2 the interleaved schedule on stages x V
   // stages (for each M that is a multiple of `stages`).

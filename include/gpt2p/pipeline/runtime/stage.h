@@ -46,15 +46,19 @@ struct StageBatch {
   torch::Tensor inputs, labels, mask;  // [B, T]: int64, int64, float32
   int64_t global_target_tokens = 0;    // sum of mask over the whole batch (loss scaling)
   torch::Tensor host_mask;             // optional: mask on the host (spares a device read)
+  // The loss's gradients are this many times the true ones (fp16's dynamic loss scaling:
+  // parallel/loss_scaler.h); take_loss() still returns the true loss.
+  double loss_scale = 1.0;
 };
 
 class GptStage : public Stage {
  public:
   // `model` holds this stage's layer range; the step's batch is cut into n_microbatches row blocks.
-  // The last stage computes the head at `positions` (lm_head_loss.h).
+  // The last stage computes the head at `positions` (lm_head_loss.h). `autocast`: the type
+  // forward autocasts to (model::autocast_type; torch::kFloat32 for none).
   // With split_backward, backward() leaves the blocks' weight gradients for backward_weight()
   // (model/deferred_linear.h).
-  GptStage(model::GPT2 model, int n_microbatches, bool bf16,
+  GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast,
            model::LossPositions positions = model::LossPositions::kTargets,
            bool split_backward = false);
 
@@ -83,7 +87,7 @@ class GptStage : public Stage {
 
   model::GPT2 model_;
   int n_microbatches_;
-  bool bf16_;
+  torch::ScalarType autocast_;
   model::LossPositions positions_;
   StageBatch batch_;
   std::vector<model::LossRows> loss_rows_;  // last stage: per micro-batch
