@@ -416,6 +416,8 @@ int run(Flags f) {
   const c10::Device device = f.device == gpt2p::parallel::DeviceKind::kCuda
                                  ? c10::Device(c10::kCUDA, 0)
                                  : c10::Device(c10::kCPU);
+  gpt2p::model::check_precision(f.precision, device.is_cuda(),
+                                gpt2p::compat::compute_capability(device));
   gpt2p::compat::set_strict_fp32(f.precision == gpt2p::model::Precision::kFp32);
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
   if (f.gpus > 0) return run_hybrid(f, config, device);

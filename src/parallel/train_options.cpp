@@ -173,6 +173,9 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require(c.kernels != model::Kernels::kFused || gpu,
           "--kernels fused runs on CUDA only (pass --device cuda on a CUDA build, or --kernels "
           "reference)");
+  require(c.precision != model::Precision::kFp16 || gpu,
+          "--precision fp16 autocasts on CUDA GPUs only (pass --precision bf16 or fp32 on the "
+          "CPU)");
   require(c.bucket_mb > 0 && std::isfinite(c.bucket_mb), "--bucket-mb must be a positive finite size");
   require(c.zero == 0 || c.zero == 1, "--zero " + std::to_string(c.zero) + ": use 0 or 1");
   require(c.zero == 0 || program != Program::kDataParallel || c.grad_sync == GradSyncMode::kBucketed,
