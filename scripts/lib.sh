@@ -75,7 +75,7 @@ export GPT2P_PYTHON=${GPT2P_PYTHON:-$GPT2P_ROOT/scripts/python}
 # Runs the launch line under setsid, without a controlling terminal, so a Ctrl-C at the terminal reaches this shell and
 # not mpirun: Open MPI's mpirun answers a SIGINT/SIGTERM of its own by killing its ranks about a
 # second later (odls_base_sigkill_timeout) and exits 1 whatever they returned. Here the first
-# SIGINT/SIGTERM/SIGHUP becomes SIGUSR1 to mpirun (which passes it on to the ranks of other nodes,
+# SIGINT/SIGTERM/SIGHUP/SIGUSR1 becomes SIGUSR1 to mpirun (which passes it on to the ranks of other nodes,
 # where the build forwards it) and to the ranks of this host, which then finish their step, commit a
 # checkpoint and exit 75. A third signal ends the job through mpirun at once (no checkpoint).
 # Returns the launch's exit status; 75 also when mpirun exited otherwise but rank 0 wrote
@@ -90,11 +90,11 @@ gpt2p_launch() {
   pid=$!
   GPT2P_LAUNCH_SIGNALS=0
   # shellcheck disable=SC2064
-  trap "gpt2p_launch_signal $pid" INT TERM HUP
+  trap "gpt2p_launch_signal $pid" INT TERM HUP USR1
   # A trapped signal ends `wait` early: wait again until the launch itself has ended.
   wait "$pid" || rc=$?
   while kill -0 "$pid" 2>/dev/null; do rc=0; wait "$pid" || rc=$?; done
-  trap - INT TERM HUP
+  trap - INT TERM HUP USR1
   if [ "$rc" != 0 ] && [ "$rc" != 75 ] && [ -n "$out" ] && [ "$out/stopped.json" -nt "$stamp" ]; then
     echo "launch: the ranks stopped cleanly and committed a checkpoint ($out/stopped.json), then" \
          "mpirun exited $rc: exit 75" >&2

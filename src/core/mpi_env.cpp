@@ -3,6 +3,8 @@
 #include <array>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/mpi_wait.h"
+#include "gpt2p/core/roll_call.h"
 
 namespace gpt2p {
 
@@ -36,9 +38,11 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   }
   GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   topo_ = query_topology(MPI_COMM_WORLD);
+  roll_call_ = std::make_unique<RollCall>(MPI_COMM_WORLD, kDefaultCommTimeout);
 }
 
 MpiEnv::~MpiEnv() {
+  roll_call_.reset();
   if (owns_) {
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/roll_call.h"
 
 namespace gpt2p {
 
@@ -18,15 +19,24 @@ void wait_all(MPI_Request* requests, int count, std::chrono::milliseconds timeou
   // Spin first (most operations finish in microseconds), then back off so that ranks sharing
   // cores leave them to the peer they wait for.
   auto pause = std::chrono::microseconds(0);
+  RollCall* roll_call = RollCall::active();
   for (;;) {
+    if (roll_call != nullptr) roll_call->serve();
     int done = 0;
     GPT2P_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
     if (done != 0) return;
     const auto now = Clock::now();
     if (now > deadline) {
+      // Which peer is missing: a quarter of the timeout, at most 3 s, for the others to answer.
+      std::string who;
+      if (roll_call != nullptr) {
+        const auto grace = std::clamp(timeout / 4, std::chrono::milliseconds(200),
+                                      std::chrono::milliseconds(3000));
+        who = "; " + roll_call->describe_missing(grace);
+      }
       GPT2P_FAIL(describe() << ": not complete after "
                             << std::chrono::duration<double>(timeout).count()
-                            << " s (--comm-timeout)",
+                            << " s (--comm-timeout)" << who,
                  "a peer is stuck or dead (a stopped process, a hung GPU, a rank waiting in another "
                  "call or failing before it); its own message, if any, is above. Raise "
                  "--comm-timeout if one step really takes that long");

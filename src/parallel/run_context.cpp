@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "gpt2p/cli/config_agreement.h"
@@ -18,6 +19,7 @@
 #include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/dir_lock.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/roll_call.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
 #include "gpt2p/model/hf_checkpoint.h"
@@ -155,6 +157,15 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   copts.backend = placement.backend;
   ctx.device = placement.device;
   ctx.comm_description = "comm " + name_string(placement.backend);
+  if (const RollCall* roll_call = RollCall::active(); roll_call != nullptr) {
+    // Across nodes, the start-up line says where each rank runs.
+    const auto& hosts = roll_call->hosts();
+    const auto distinct = std::set<std::string>(hosts.begin(), hosts.end()).size();
+    if (distinct > 1) {
+      ctx.comm_description += " across " + std::to_string(distinct) +
+                              " hosts: " + RollCall::describe_placement(hosts);
+    }
+  }
   if (placement.gpus.job_shares) {
     ctx.comm_description +=
         placement.backend == comm::Backend::kNccl

@@ -13,6 +13,7 @@
 #include "gpt2p/comm/mpi_communicator.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/mpi_wait.h"
+#include "gpt2p/core/roll_call.h"
 
 namespace gpt2p {
 namespace {
@@ -147,9 +148,17 @@ TEST(MpiTimeout, ABarrierWithoutTheLastRankThrows) {
       barrier(dup, 200ms, "test barrier");
       ADD_FAILURE() << "the barrier must time out";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("test barrier (MPI barrier): not complete after 0.2 s"),
+      const std::string what = e.what();
+      EXPECT_NE(what.find("test barrier (MPI barrier): not complete after 0.2 s"),
                 std::string::npos)
-          << e.what();
+          << what;
+      // The roll call names the rank that is away and its host; the others answer it.
+      // ("rank 2 on h did not ...", or "ranks 1-2 on h did not ..." when another earlier rank
+      // happened to be away from MPI just then.)
+      const std::string late = std::to_string(t.size - 1) + " on " +
+                               RollCall::active()->hosts()[t.size - 1] +
+                               " did not answer a roll call within 0.2 s";
+      EXPECT_NE(what.find(late), std::string::npos) << what;
     }
   } else {
     std::this_thread::sleep_for(600ms);
@@ -158,6 +167,51 @@ TEST(MpiTimeout, ABarrierWithoutTheLastRankThrows) {
   if (t.rank == t.size - 1) barrier(dup, 10s, "late barrier");
   std::this_thread::sleep_for(100ms);
   comm::MpiCommunicator(MPI_COMM_WORLD).barrier();
+  MPI_Comm_free(&dup);
+}
+
+// A peer that waits in another MPI call is alive: it answers the roll call, and the message says
+// that no rank is dead or cut off.
+TEST(MpiTimeout, RanksWaitingInOtherCallsAnswerTheRollCall) {
+  const auto t = world();
+  comm::MpiOptions o;
+  o.timeout = 300ms;
+  comm::MpiCommunicator comm(MPI_COMM_WORLD, o);
+  MPI_Comm dup = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  auto x = torch::zeros({2});
+  if (t.rank == 0) {
+    auto work = comm.recv_async(x, 1, 11);
+    try {
+      work->wait();
+      ADD_FAILURE() << "the recv must time out";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("every other rank answered a roll call within 0.2 s"), std::string::npos)
+          << what;
+    }
+    barrier(dup, 10s, "release");
+    work->wait();
+    EXPECT_TRUE(torch::equal(x, torch::full({2}, 5.0)));
+  } else {
+    barrier(dup, 10s, "release");  // waits for rank 0, answering its roll call meanwhile
+    if (t.rank == 1) comm.send(torch::full({2}, 5.0), 0, 11);
+  }
+  comm::MpiCommunicator(MPI_COMM_WORLD).barrier();
+  MPI_Comm_free(&dup);
+}
+
+TEST(RollCall, KnowsEveryRanksHost) {
+  const auto t = world();
+  ASSERT_NE(RollCall::active(), nullptr);
+  ASSERT_EQ(static_cast<int>(RollCall::active()->hosts().size()), t.size);
+  EXPECT_EQ(RollCall::active()->hosts()[t.rank], t.host);
+  MPI_Comm dup = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  EXPECT_TRUE(RollCall::active()->missing(5s).empty());  // every rank calls: all answer
+  // A rank done with its own call keeps answering the others' (in a wait of ours) until they are
+  // done too.
+  barrier(dup, 10s, "after the roll call");
   MPI_Comm_free(&dup);
 }
 

@@ -3,9 +3,12 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 
 namespace gpt2p {
+
+class RollCall;
 
 // Where this process sits: world rank/size, and its rank among the processes of its node
 // (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), which picks its GPU.
@@ -21,6 +24,8 @@ struct Topology {
 // torch's backward thread while the main thread waits in backward) on construction and finalises it
 // on destruction.
 // MPI errors on MPI_COMM_WORLD return codes instead of aborting, so GPT2P_MPI_CHECK can report them.
+// It also starts the process's roll call (roll_call.h), which names the peers a timed-out wait
+// is missing.
 class MpiEnv {
  public:
   MpiEnv(int* argc, char*** argv);
@@ -32,6 +37,7 @@ class MpiEnv {
 
  private:
   Topology topo_;
+  std::unique_ptr<RollCall> roll_call_;
   bool owns_ = false;
 };
 
