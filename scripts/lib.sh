@@ -143,8 +143,10 @@ gpt2p_stop_ranks() {
   while [ ${#queue[@]} -gt 0 ]; do
     p=${queue[0]}
     queue=("${queue[@]:1}")
+    # A process without children makes pgrep fail: that must not end a caller under `set -e`
+    # (a job script), from inside its signal trap.
     # shellcheck disable=SC2207
-    queue+=($(pgrep -P "$p"))
+    queue+=($(pgrep -P "$p" || true))
     [ "$p" = "$1" ] && continue
     grep -qzE '^(OMPI_COMM_WORLD_RANK|PMI_RANK|PMIX_RANK)=' "/proc/$p/environ" 2>/dev/null &&
       kill -USR1 "$p" 2>/dev/null

@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "jobs").glob("*.sbatch"))
-TRAIN_JOBS = [p for p in JOBS if p.stem != "bridges2_data"]  # the trainers' and the benchmark's
+# The trainers' and the benchmark's, one program each (bridges2_multinode takes it as an argument).
+TRAIN_JOBS = [p for p in JOBS if p.stem not in ("bridges2_data", "bridges2_multinode")]
 
 
 def run(cmd, **env):
@@ -63,6 +64,32 @@ def test_dry_run_prints_environment_and_launch_line(script):
         assert "#SBATCH --partition=GPU-shared" in script.read_text()
         assert "#SBATCH --gpus=v100-32:2" in script.read_text()
     assert not (ROOT / "results" / "4242").exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("prog", ["dp_train", "pp_train", "bench"])
+def test_multinode_dry_run_launches_one_rank_per_gpu_of_every_node(prog, where):
+    args = ["--dry-run", prog] if where == "before" else [prog, "--dry-run"]
+    r = run(["bash", "jobs/bridges2_multinode.sbatch", *args, "--epochs", "3"], SLURM_JOB_ID="4242",
+            SLURM_SUBMIT_DIR=str(ROOT))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "NODES=2 RANKS_PER_NODE=8 RANKS=16" in r.stdout
+    line = launch_line(r.stdout)
+    if prog == "bench":
+        assert line == (f"env GPT2P_BIN=build-release GPT2P_MPIRUN=mpirun --map-by node scripts/bench "
+                        f"--no-build --out {ROOT}/results/4242 --epochs 3")
+    else:
+        assert line == (f"mpirun -np 16 --map-by ppr:8:node --bind-to core build-release/{prog} "
+                        f"--out {ROOT}/results/4242/{prog.split('_')[0]} --epochs 3")
+    text = (ROOT / "jobs" / "bridges2_multinode.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus=v100-32:16" in text
+    assert not (ROOT / "results" / "4242").exists()
+
+
+def test_multinode_job_without_a_program_is_a_usage_error():
+    r = run(["bash", "jobs/bridges2_multinode.sbatch", "--dry-run", "--epochs", "3"], SLURM_JOB_ID="4242")
+    assert r.returncode == 2
+    assert "the first argument picks the program: dp_train, pp_train or bench (not '--epochs')" in r.stderr
 
 
 def test_dry_run_by_env_and_multi_node_ranks():

@@ -3,11 +3,14 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <thread>
 
 #include "gpt2p/cli/options.h"
 #include "gpt2p/core/error.h"
@@ -35,12 +38,23 @@ std::string describe(const std::exception& e, bool labelled) {
   return "[" + process_label() + "] " + error_message(e.what());
 }
 
+// MPI_Abort ends every rank of the job, also those blocked in a collective. It asks the launcher
+// (mpirun's daemon, Slurm's step daemon) to do so, and a rank cut off from the launcher by a
+// network partition can wait in it for a minute or more: this rank ends itself 3 s later anyway,
+// so that it never outlives its error by more.
+void abort_job(int code) {
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::_Exit(code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 [[noreturn]] void bring_down(const char* program, const std::string& message, int code) {
   std::fprintf(stderr, "%s: error: %s\n", program, message.c_str());
   std::fflush(stderr);
-  // MPI_Abort ends every rank of the job, also those blocked in a collective; it is called while
-  // MPI is still initialised (see the header).
-  if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  // Called while MPI is still initialised (see the header).
+  if (world_size() > 1) abort_job(code);
   if (mpi_up()) MPI_Finalize();
   std::exit(code);
 }
@@ -54,7 +68,7 @@ std::atomic<const char*> fatal_program{"gpt2p"};
 [[noreturn]] void bring_down_from_any_thread(const Error& error) {
   std::fprintf(stderr, "%s: error: %s\n", fatal_program.load(), error.what());
   std::fflush(stderr);
-  if (world_size() > 1) MPI_Abort(MPI_COMM_WORLD, kExitError);
+  if (world_size() > 1) abort_job(kExitError);
   std::_Exit(kExitError);
 }
 
@@ -105,6 +119,10 @@ int run_guarded(const char* program, int argc, char** argv, const ProgramBody& b
   // failing rank can abort the job rather than wait in MPI_Finalize for ranks that wait for it.
   std::optional<MpiEnv> env;
   fatal_program.store(program);
+  // A write to a socket whose peer died (its node went down) must fail with EPIPE, which MPI
+  // reports with the peer's host, rather than end this rank without a word through SIGPIPE. A
+  // closed stdout then fails the progress lines, and training goes on to its checkpoints.
+  std::signal(SIGPIPE, SIG_IGN);
   set_fatal_handler(&bring_down_from_any_thread);
   try {
     env.emplace(&argc, &argv);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <thread>
 
 #include "gpt2p/core/error.h"
@@ -41,18 +42,34 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   return out;
 }
 
-std::string RollCall::describe_placement(const std::vector<std::string>& hosts) {
+namespace {
+
+// The ranks of `ranks` grouped by their host, hosts in the order of their first rank.
+std::vector<std::pair<std::string, std::vector<int>>> by_host(const std::vector<std::string>& hosts,
+                                                              const std::vector<int>& ranks) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+  for (int r : ranks) {
     auto it = std::find_if(groups.begin(), groups.end(),
                            [&](const auto& g) { return g.first == hosts[r]; });
     if (it == groups.end()) it = groups.insert(groups.end(), {hosts[r], {}});
     it->second.push_back(r);
   }
+  return groups;
+}
+
+std::string rank_word(const std::vector<int>& ranks) {
+  return ranks.size() == 1 ? "rank " : "ranks ";
+}
+
+}  // namespace
+
+std::string RollCall::describe_placement(const std::vector<std::string>& hosts) {
+  std::vector<int> all(hosts.size());
+  std::iota(all.begin(), all.end(), 0);
   std::string out;
-  for (const auto& [host, ranks] : groups) {
+  for (const auto& [host, ranks] : by_host(hosts, all)) {
     if (!out.empty()) out += ", ";
-    out += host + (ranks.size() == 1 ? " (rank " : " (ranks ") + describe_ranks(ranks) + ")";
+    out += host + " (" + rank_word(ranks) + describe_ranks(ranks) + ")";
   }
   return out;
 }
@@ -159,18 +176,10 @@ std::string RollCall::describe_missing(std::chrono::milliseconds grace) {
            ", so none is dead or cut off: one is stuck in a long operation or a different call";
   }
   // Grouped by host: "ranks 2-3 on node2".
-  std::vector<std::string> order;
-  for (int r : silent) {
-    if (std::find(order.begin(), order.end(), hosts_[r]) == order.end()) order.push_back(hosts_[r]);
-  }
   std::string who;
-  for (const auto& host : order) {
-    std::vector<int> ranks;
-    for (int r : silent) {
-      if (hosts_[r] == host) ranks.push_back(r);
-    }
+  for (const auto& [host, ranks] : by_host(hosts_, silent)) {
     if (!who.empty()) who += ", ";
-    who += (ranks.size() == 1 ? "rank " : "ranks ") + describe_ranks(ranks) + " on " + host;
+    who += rank_word(ranks) + describe_ranks(ranks) + " on " + host;
   }
   return who + " did not answer a roll call" + within +
          " (stopped, dead or cut off from " + hosts_[rank_] + ")";

@@ -20,8 +20,9 @@ fi
 fail=0
 for prog in pp_train dp_train; do
   mkdir -p "$tmp/$prog"
-  bash -c 'source "$1/jobs/lib.sh" >/dev/null; shift; RESULTS=$1 DRY_RUN=0 LAUNCHER=mpirun; shift
-           job_launch "$@" >/dev/null; echo $? >"$RESULTS/rc"' _ "$root" "$tmp/$prog" \
+  # Under `set -euo pipefail`, as the job scripts run: the signal trap must not end the shell.
+  bash -c 'set -euo pipefail; RESULTS=$2 DRY_RUN=0 LAUNCHER=mpirun; trap "echo \$? >$RESULTS/rc" EXIT
+           source "$1/jobs/lib.sh" >/dev/null; shift 2; job_launch "$@" >/dev/null' _ "$root" "$tmp/$prog" \
     mpirun --oversubscribe -np 2 "$bin/$prog" --preset tiny --device cpu --max-train-pairs 128 \
     --max-eval-pairs 32 --batch-size 16 --seq-len 32 --data "$data" --out "$tmp/$prog/out" \
     --epochs 1000 --log-every 1 --save-every -1 --translate-samples 0 &
