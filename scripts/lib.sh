@@ -14,6 +14,17 @@ gpt2p_dataset_ok() {
   [ "$(head -c 16 "$1" 2>/dev/null)" = "gpt2p-dataset 1 " ]
 }
 
+# The tests' dataset: sets $data to the cached one where it is current, or makes one in DIR with
+# BIN/prepare_data. Prints "FAIL: prepare_data" and its log's tail and returns 1 when that fails.
+#   gpt2p_test_data BIN DIR
+gpt2p_test_data() {
+  data=$GPT2P_ROOT/.cache/data/ding-gpt2.h5
+  gpt2p_dataset_ok "$data" && return 0
+  data=$2/ding-gpt2.h5
+  "$1/prepare_data" --out "$data" >"$2/prepare_data.log" 2>&1 && return 0
+  echo "FAIL: prepare_data"; tail "$2/prepare_data.log"; return 1
+}
+
 # The device scripts' dataset: sets $data, preparing it once with $1/prepare_data (log in $2).
 gpt2p_device_data() {
   data=.cache/data/ding-gpt2.h5

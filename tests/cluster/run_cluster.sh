@@ -53,12 +53,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-data=$root/.cache/data/ding-gpt2.h5
-if [ "$(head -c 16 "$data" 2>/dev/null)" != "gpt2p-dataset 1 " ]; then
-  data=$work/ding-gpt2.h5
-  "$bin/prepare_data" --out "$data" >"$work/prepare_data.log" 2>&1 ||
-    { echo "FAIL: prepare_data"; tail "$work/prepare_data.log"; exit 1; }
-fi
+# shellcheck source=../../scripts/lib.sh
+source "$root/scripts/lib.sh"
+gpt2p_test_data "$bin" "$work" || exit 1
 
 fail=0
 pass() { echo "PASS: $*"; }

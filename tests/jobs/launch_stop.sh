@@ -15,13 +15,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"  # prepare_data finds the vocabulary in .cache/gpt2-vocab, as scripts/setup put it
 tmp=$(mktemp -d)
 trap 'pkill -9 -f "$tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
-data=$root/.cache/data/ding-gpt2.h5
-# (made anew when missing or written by an older prepare_data: no checksum block)
-if [ "$(head -c 16 "$data" 2>/dev/null)" != "gpt2p-dataset 1 " ]; then
-  data=$tmp/ding-gpt2.h5
-  "$bin/prepare_data" --out "$data" >"$tmp/prepare_data.log" 2>&1 ||
-    { echo "FAIL: prepare_data"; tail "$tmp/prepare_data.log"; exit 1; }
-fi
+# shellcheck source=../../scripts/lib.sh
+source "$root/scripts/lib.sh"
+gpt2p_test_data "$bin" "$tmp" || exit 1
 flags=(--preset tiny --device cpu --max-train-pairs 128 --max-eval-pairs 32 --batch-size 16
        --seq-len 32 --data "$data" --epochs 1000 --log-every 1 --save-every -1
        --translate-samples 0)

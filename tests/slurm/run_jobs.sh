@@ -35,13 +35,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-data=$root/.cache/data/ding-gpt2.h5
-# (made anew when missing or written by an older prepare_data: no checksum block)
-if [ "$(head -c 16 "$data" 2>/dev/null)" != "gpt2p-dataset 1 " ]; then
-  data=$tmp/ding-gpt2.h5
-  "$bin/prepare_data" --out "$data" >"$tmp/prepare_data.log" 2>&1 ||
-    { echo "FAIL: prepare_data"; tail "$tmp/prepare_data.log"; exit 1; }
-fi
+# shellcheck source=../../scripts/lib.sh
+source "$root/scripts/lib.sh"
+gpt2p_test_data "$bin" "$tmp" || exit 1
 
 # Two CPU ranks on the partition of scripts/slurm-cluster; the scripts' GPU defaults overridden.
 submit=(--partition=cpu --nodes=1 --gpus-per-node=0 --ntasks-per-node=2 --cpus-per-task=1
