@@ -21,9 +21,9 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/compat/device.h"
-#include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/mpi_wait.h"
 
 #ifdef GPT2P_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -145,8 +145,9 @@ BenchConfig parse_flags(int argc, char** argv, bool* run) {
 // is a difference too, not a peer waiting for it.
 nlohmann::json to_json(const BenchConfig& c, bool run) {
   nlohmann::json j{{"backend", gpt2p::name_string(c.backend)},
-                   {"op", c.all_reduce && c.sendrecv ? "all" : c.all_reduce ? "all_reduce"
-                                                                            : "sendrecv"},
+                   {"op", c.all_reduce && c.sendrecv ? "all"
+                          : c.all_reduce             ? "all_reduce"
+                                                     : "sendrecv"},
                    {"min_bytes", c.min_bytes},
                    {"max_bytes", c.max_bytes},
                    {"step_factor", c.step_factor},
@@ -279,8 +280,9 @@ void print_header(const nlohmann::json& h) {
               h["host"].get<std::string>().c_str(),
               h["gpu"].get<std::string>().empty() ? "none" : h["gpu"].get<std::string>().c_str());
   if (h["ranks_share_gpu"].get<bool>()) {
-    std::printf("# ranks share a GPU: NCCL runs over sockets, MPI through host memory; these are "
-                "functional figures, not the GPU's bandwidth\n");
+    std::printf(
+        "# ranks share a GPU: NCCL runs over sockets, MPI through host memory; these are "
+        "functional figures, not the GPU's bandwidth\n");
   }
   std::printf("# dtype: %s, iters: %d, warmup: %d\n", h["dtype"].get<std::string>().c_str(),
               h["iters"].get<int>(), h["warmup"].get<int>());
@@ -306,10 +308,9 @@ int run(const gpt2p::Topology& topo, const BenchConfig& c) {
   bool shared = false;
   if (c.backend == gpt2p::comm::Backend::kNccl) {
     // Ranks may share a GPU (comm/gpu_placement.h).
-    const auto gpus = gpt2p::comm::place_on_gpus(
-        topo, static_cast<int>(torch::cuda::device_count()),
-        gpt2p::compat::gpu_bus_id,
-        gpt2p::kDefaultCommTimeout);
+    const auto gpus =
+        gpt2p::comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()),
+                                   gpt2p::compat::gpu_bus_id, gpt2p::kDefaultCommTimeout);
     gpt2p::comm::give_nccl_ranks_own_hosts(gpus, topo.rank);
     options.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpus.gpu));
     shared = gpus.job_shares;
@@ -357,18 +358,17 @@ int run(const gpt2p::Topology& topo, const BenchConfig& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return gpt2p::cli::run_guarded("comm_bench", argc, argv,
-                                 [](const gpt2p::Topology& topo, int argc, char** argv) {
-                                   bool run_it = true;
-                                   BenchConfig config;
-                                   // Every rank parses; a bad flag on any rank ends the job with
-                                   // one message and exit 2, as in the trainers.
-                                   gpt2p::cli::on_every_rank(
-                                       [&] { config = parse_flags(argc, argv, &run_it); });
-                                   // Ranks started with different flags (an MPMD launch) would
-                                   // run collectives of different sizes and counts: a hang or an
-                                   // MPI error. They agree first, or all exit 2 naming the flag.
-                                   gpt2p::cli::check_same_config(to_json(config, run_it));
-                                   return run_it ? run(topo, config) : 0;
-                                 });
+  return gpt2p::cli::run_guarded(
+      "comm_bench", argc, argv, [](const gpt2p::Topology& topo, int argc, char** argv) {
+        bool run_it = true;
+        BenchConfig config;
+        // Every rank parses; a bad flag on any rank ends the job with
+        // one message and exit 2, as in the trainers.
+        gpt2p::cli::on_every_rank([&] { config = parse_flags(argc, argv, &run_it); });
+        // Ranks started with different flags (an MPMD launch) would
+        // run collectives of different sizes and counts: a hang or an
+        // MPI error. They agree first, or all exit 2 naming the flag.
+        gpt2p::cli::check_same_config(to_json(config, run_it));
+        return run_it ? run(topo, config) : 0;
+      });
 }

@@ -9,7 +9,9 @@ int main(int argc, char** argv) {
     parallel::TrainConfig cfg;
     bool train = true;  // false after --help
     // Every rank parses; a bad flag ends the job with one message and exit 2.
-    cli::on_every_rank([&] { train = parallel::parse_train_args(cfg, parallel::Program::kDataParallel, argc, argv); });
+    cli::on_every_rank([&] {
+      train = parallel::parse_train_args(cfg, parallel::Program::kDataParallel, argc, argv);
+    });
     if (!train) return 0;
     return parallel::train_data_parallel(cfg, parallel::Program::kDataParallel, topo);
   });

@@ -11,11 +11,11 @@
 #include "gpt2p/compat/device.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
-#include "gpt2p/io/json_input.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
+#include "gpt2p/io/json_input.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/parallel/train_options.h"
@@ -56,9 +56,9 @@ std::vector<std::vector<int64_t>> read_ids_jsonl(const std::string& path, int64_
   std::string line;
   for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const auto j = gpt2p::io::parse_json(
-        line, path + ":" + std::to_string(line_no),
-        "write one JSON object per line with an \"ids\" array of token ids");
+    const auto j =
+        gpt2p::io::parse_json(line, path + ":" + std::to_string(line_no),
+                              "write one JSON object per line with an \"ids\" array of token ids");
     GPT2P_CHECK(j.is_object() && j.contains("ids") && j["ids"].is_array(),
                 path << ":" << line_no << ": expected {\"ids\": [...]}, got " << line.substr(0, 80),
                 "write one JSON object per line with an \"ids\" array of token ids");
@@ -217,10 +217,9 @@ int main(int argc, char** argv) {
             "the model's GPT-2 vocabulary (encoder.json + vocab.bpe, or vocab.json + merges.txt): "
             "--data must have been made with it (default: the vocab_dir a gpt2p checkpoint's "
             "training run recorded, when it exists; without one the check is skipped with a "
-            "note)")(
-            "dump-logits", po::value(&o.dump_logits),
-            "write the first sequence's logits [T, vocab_size] "
-            "as raw little-endian float32 to this file (+ FILE.json with the shape)")(
+            "note)")("dump-logits", po::value(&o.dump_logits),
+                     "write the first sequence's logits [T, vocab_size] "
+                     "as raw little-endian float32 to this file (+ FILE.json with the shape)")(
             "device", gpt2p::cli::named_value(o.device, "device"),
             "cpu | cuda (cuda: GPU local_rank; auto: cuda where there is one)")(
             "precision", gpt2p::cli::named_value(o.precision, "precision"),

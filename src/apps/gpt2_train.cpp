@@ -5,12 +5,15 @@
 
 int main(int argc, char** argv) {
   using namespace gpt2p;
-  return cli::run_guarded("gpt2_train", argc, argv, [](const Topology& topo, int argc, char** argv) {
-    parallel::TrainConfig cfg;
-    bool train = true;  // false after --help
-    // Every rank parses; a bad flag ends the job with one message and exit 2.
-    cli::on_every_rank([&] { train = parallel::parse_train_args(cfg, parallel::Program::kSingle, argc, argv); });
-    if (!train) return 0;
-    return parallel::train_data_parallel(cfg, parallel::Program::kSingle, topo);
-  });
+  return cli::run_guarded(
+      "gpt2_train", argc, argv, [](const Topology& topo, int argc, char** argv) {
+        parallel::TrainConfig cfg;
+        bool train = true;  // false after --help
+        // Every rank parses; a bad flag ends the job with one message and exit 2.
+        cli::on_every_rank([&] {
+          train = parallel::parse_train_args(cfg, parallel::Program::kSingle, argc, argv);
+        });
+        if (!train) return 0;
+        return parallel::train_data_parallel(cfg, parallel::Program::kSingle, topo);
+      });
 }

@@ -70,11 +70,11 @@ int run(int64_t rows) {
   compat::set_strict_fp32(true);
   torch::manual_seed(0);
   const auto opts = torch::TensorOptions().device(kGpu);
-  std::printf("# kernel_bench on %s, torch %s: GPT-2 124M head, vocab %lld (%lld padded), %lld "
-              "positions\n",
-              compat::device_name(kGpu).c_str(), compat::torch_version(),
-              static_cast<long long>(vocab), static_cast<long long>(padded),
-              static_cast<long long>(rows));
+  std::printf(
+      "# kernel_bench on %s, torch %s: GPT-2 124M head, vocab %lld (%lld padded), %lld "
+      "positions\n",
+      compat::device_name(kGpu).c_str(), compat::torch_version(), static_cast<long long>(vocab),
+      static_cast<long long>(padded), static_cast<long long>(rows));
   std::printf("%-44s %-5s %10s %10s %9s\n", "# what", "type", "ref ms", "fused ms", "speed-up");
   for (auto type : {torch::kBFloat16, torch::kFloat32}) {
     const char* name = type == torch::kBFloat16 ? "bf16" : "fp32";
@@ -116,7 +116,8 @@ int run(int64_t rows) {
 int main(int argc, char** argv) {
   int64_t rows = 16384;
   if (argc > 2 || (argc == 2 && (rows = std::atoll(argv[1])) <= 0)) {
-    std::fprintf(stderr, "usage: kernel_bench [ROWS]  (ROWS: a positive number of head positions)\n");
+    std::fprintf(stderr,
+                 "usage: kernel_bench [ROWS]  (ROWS: a positive number of head positions)\n");
     return 2;
   }
   if (!torch::cuda::is_available()) {

@@ -1,6 +1,7 @@
 // pp_plan: which split, schedule and micro-batch count to give pp_train, from layer times measured
-// on this device (one GPU or the CPU) and the pipeline simulator: predicted step time, speed-up over
-// model parallelism and idle fraction for every combination, before any multi-GPU time is spent.
+// on this device (one GPU or the CPU) and the pipeline simulator: predicted step time, speed-up
+// over model parallelism and idle fraction for every combination, before any multi-GPU time is
+// spent.
 //
 //   pp_plan --stages 2 --batch-size 64 --seq-len 128 --precision fp32 --microbatches 1,2,4,8,16
 //   pp_plan --gpus 4 --batch-size 64 ...    every D x P = 4 (pp_train --dp D on P-rank pipelines)
@@ -19,13 +20,13 @@
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
-#include "gpt2p/parallel/train_options.h"
-#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/compat/device.h"
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/parallel/run_context.h"
+#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/pipeline/perf/planner.h"
 
 namespace {
@@ -36,14 +37,15 @@ struct Flags {
   gpt2p::model::Precision precision = gpt2p::model::Precision::kFp32;
   gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kAuto;
   std::string json_out;
-  int gpus = 0;              // > 0: predict every D x P split of this many GPUs
+  int gpus = 0;                // > 0: predict every D x P split of this many GPUs
   double allreduce_gbs = 250;  // bus bandwidth of the replicas' gradient all-reduce
   std::string data = ".cache/data/ding-gpt2.h5";
   int64_t max_train_pairs = 5000;
   double loss_fraction = -1;  // -1: from --data
   int64_t vocab_size = 50260;
-  gpt2p::parallel::TrainConfig model;  // preset and overrides, resolved as the trainers resolve them
-  gpt2p::model::GPT2Config config;     // `model` resolved at --seq-len (parse_flags)
+  gpt2p::parallel::TrainConfig
+      model;                        // preset and overrides, resolved as the trainers resolve them
+  gpt2p::model::GPT2Config config;  // `model` resolved at --seq-len (parse_flags)
   gpt2p::pipeline::PlanSpec spec;
 };
 
@@ -111,8 +113,8 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text, in
 std::string why_no_plan(const gpt2p::pipeline::PlanSpec& spec, int64_t n_layer) {
   const int n = spec.stages;
   if (n > n_layer) {
-    return std::to_string(n) + " pipeline ranks but the model has only " +
-           std::to_string(n_layer) + " blocks (every stage needs one)";
+    return std::to_string(n) + " pipeline ranks but the model has only " + std::to_string(n_layer) +
+           " blocks (every stage needs one)";
   }
   std::string why;
   for (int v : spec.stages_per_rank) {
@@ -160,6 +162,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   auto& s = f.spec;
   std::string ms = "1,2,4,8,16", vs = "1,2", zbs = "0";
   po::options_description desc("pp_plan options");
+  // clang-format off
   desc.add_options()
       ("preset", po::value(&f.model.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
       ("n-layer", po::value(&f.model.n_layer), "override: number of transformer blocks")
@@ -186,6 +189,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("data", po::value(&f.data)->default_value(f.data), "prepared dataset the default --loss-fraction is read from")
       ("max-train-pairs", po::value(&f.max_train_pairs)->default_value(f.max_train_pairs), "training pairs of --data counted (pp_train's --max-train-pairs; 0 = all)")
       ("json-out", po::value(&f.json_out)->default_value(""), "also write every prediction to this JSON file (atomically)");
+  // clang-format on
   po::variables_map vm;
   if (!gpt2p::cli::parse_or_help("pp_plan",
                                  "Predicted pp_train step times per split, schedule and M, from "
@@ -200,10 +204,12 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   using gpt2p::parallel::DeviceKind;
   if (f.device == DeviceKind::kAuto) f.device = cuda ? DeviceKind::kCuda : DeviceKind::kCpu;
   if (f.device == DeviceKind::kCuda && !cuda)
-    throw UsageError("--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
+    throw UsageError(
+        "--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
   if (f.model.preset.empty()) f.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
   s.precision = f.precision;
-  if (s.stages < 1) throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
+  if (s.stages < 1)
+    throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
   if (s.batch_size < 1)
     throw UsageError("--batch-size " + std::to_string(s.batch_size) + ": pass a positive batch");
   if (s.seq_len < 1)
@@ -238,7 +244,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (s.zero != 0 && s.zero != 1)
     throw UsageError("--zero " + std::to_string(s.zero) + ": pass 0 or 1");
   if (vm.count("loss-fraction") && !(f.loss_fraction > 0 && f.loss_fraction <= 1))
-    throw UsageError("--loss-fraction " + std::to_string(f.loss_fraction) + ": pass a share in (0, 1], e.g. 0.094");
+    throw UsageError("--loss-fraction " + std::to_string(f.loss_fraction) +
+                     ": pass a share in (0, 1], e.g. 0.094");
   for (int m : s.microbatches) {
     if (f.gpus == 0 && s.batch_size % m != 0)
       throw UsageError("--microbatches: " + std::to_string(m) + " does not divide --batch-size " +
@@ -257,8 +264,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (f.gpus == 0) {
     if (s.stages > f.config.n_layer)
       throw UsageError("--stages " + std::to_string(s.stages) + ": more pipeline stages than " +
-                       "the model's " + std::to_string(f.config.n_layer) + " blocks -- fix: " +
-                       "pass --stages <= " + std::to_string(f.config.n_layer) +
+                       "the model's " + std::to_string(f.config.n_layer) +
+                       " blocks -- fix: " + "pass --stages <= " + std::to_string(f.config.n_layer) +
                        " or a larger --n-layer");
     const std::string why = why_no_plan(s, f.config.n_layer);
     if (!why.empty())
@@ -272,8 +279,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       std::string skip;
       hybrid_spec(f, dp, skip);
       if (skip.empty()) return true;
-      why += (why.empty() ? "" : "; ") + std::string("D=") + std::to_string(dp) + " x P=" +
-             std::to_string(f.gpus / dp) + ": " + skip;
+      why += (why.empty() ? "" : "; ") + std::string("D=") + std::to_string(dp) +
+             " x P=" + std::to_string(f.gpus / dp) + ": " + skip;
     }
     throw UsageError("--gpus " + std::to_string(f.gpus) + ": no D x P split fits the other " +
                      "flags: " + why + " -- fix: pass a --gpus with a D that divides " +
@@ -296,7 +303,8 @@ double loss_fraction(const Flags& f) {
   const int64_t pairs =
       f.max_train_pairs > 0 ? std::min(f.max_train_pairs, train.size()) : train.size();
   return gpt2p::data::target_share(
-      gpt2p::data::target_counts(train, pairs, f.spec.seq_len, file.meta().special), f.spec.seq_len);
+      gpt2p::data::target_counts(train, pairs, f.spec.seq_len, file.meta().special),
+      f.spec.seq_len);
 }
 
 // The fp32 gradient bytes the busiest rank of a split ("0-8|9-13", inclusive layers per stage;
@@ -372,38 +380,49 @@ int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10
                 schedule.c_str(), p.row.stages_per_rank, p.row.microbatches,
                 gpt2p::name_string(p.row.partition).c_str(), 1e3 * p.row.step_s,
                 1e3 * p.allreduce_s, 1e3 * p.step_s, tokens / p.step_s, peak_gib(p.row));
-    rows.push_back({{"dp", p.dp}, {"pp", p.pp}, {"schedule", p.row.schedule},
+    rows.push_back({{"dp", p.dp},
+                    {"pp", p.pp},
+                    {"schedule", p.row.schedule},
                     {"stages_per_rank", p.row.stages_per_rank},
-                    {"zero_bubble", p.row.zero_bubble}, {"microbatches", p.row.microbatches},
-                    {"partition", gpt2p::name_string(p.row.partition)}, {"split", p.row.split},
-                    {"pipeline_step_s", p.row.step_s}, {"allreduce_s", p.allreduce_s},
-                    {"step_s", p.step_s}, {"tokens_per_s", tokens / p.step_s},
+                    {"zero_bubble", p.row.zero_bubble},
+                    {"microbatches", p.row.microbatches},
+                    {"partition", gpt2p::name_string(p.row.partition)},
+                    {"split", p.row.split},
+                    {"pipeline_step_s", p.row.step_s},
+                    {"allreduce_s", p.allreduce_s},
+                    {"step_s", p.step_s},
+                    {"tokens_per_s", tokens / p.step_s},
                     {"peak_memory_bytes", p.row.peak_memory_bytes},
                     {"peak_memory_measured", p.row.peak_memory_measured}});
   }
   if (!picks.empty()) {
     const auto& p = picks.front();
     const std::string schedule = p.row.schedule == "model_parallel" ? "1f1b" : p.row.schedule;
-    std::printf("# pick on %d GPU(s): mpirun -np %d pp_train --dp %d --partition %s --schedule %s"
-                "%s%s --microbatches %d: %.3f ms per step, %.0f tokens/s\n",
-                f.gpus, f.gpus, p.dp, gpt2p::name_string(p.row.partition).c_str(),
-                schedule.c_str(),
-                p.row.stages_per_rank > 1
-                    ? (" --stages-per-rank " + std::to_string(p.row.stages_per_rank)).c_str()
-                    : "",
-                (std::string(p.row.zero_bubble ? " --zero-bubble" : "") + recompute_flag(f) +
-                 (f.spec.zero == 1 && p.dp > 1 ? " --zero 1" : ""))
-                    .c_str(),
-                p.row.microbatches, 1e3 * p.step_s, tokens / p.step_s);
+    std::printf(
+        "# pick on %d GPU(s): mpirun -np %d pp_train --dp %d --partition %s --schedule %s"
+        "%s%s --microbatches %d: %.3f ms per step, %.0f tokens/s\n",
+        f.gpus, f.gpus, p.dp, gpt2p::name_string(p.row.partition).c_str(), schedule.c_str(),
+        p.row.stages_per_rank > 1
+            ? (" --stages-per-rank " + std::to_string(p.row.stages_per_rank)).c_str()
+            : "",
+        (std::string(p.row.zero_bubble ? " --zero-bubble" : "") + recompute_flag(f) +
+         (f.spec.zero == 1 && p.dp > 1 ? " --zero 1" : ""))
+            .c_str(),
+        p.row.microbatches, 1e3 * p.step_s, tokens / p.step_s);
   }
   if (!f.json_out.empty()) {
-    nlohmann::json doc{{"program", "pp_plan"},          {"model", gpt2p::model::describe(config)},
-                       {"gpus", f.gpus},                {"batch_size", f.spec.batch_size},
-                       {"seq_len", f.spec.seq_len},     {"precision", gpt2p::name_string(f.precision)},
-                       {"link_gbs", f.spec.link_gbs},   {"allreduce_gbs", f.allreduce_gbs},
+    nlohmann::json doc{{"program", "pp_plan"},
+                       {"model", gpt2p::model::describe(config)},
+                       {"gpus", f.gpus},
+                       {"batch_size", f.spec.batch_size},
+                       {"seq_len", f.spec.seq_len},
+                       {"precision", gpt2p::name_string(f.precision)},
+                       {"link_gbs", f.spec.link_gbs},
+                       {"allreduce_gbs", f.allreduce_gbs},
                        {"loss_fraction", f.spec.loss_fraction},
                        {"recompute", gpt2p::name_string(f.spec.recompute)},
-                       {"zero", f.spec.zero},           {"hybrid", rows}};
+                       {"zero", f.spec.zero},
+                       {"hybrid", rows}};
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }
   return 0;
@@ -426,14 +445,15 @@ int run(Flags f) {
   GPT2P_CHECK(!plan.rows.empty(), "pp_plan: no plan for --stages " << f.spec.stages,
               "change --stages, --stages-per-rank or --microbatches");
 
-  std::printf("# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
-              gpt2p::model::describe(config).c_str(), f.spec.stages,
-              static_cast<long long>(f.spec.batch_size), static_cast<long long>(f.spec.seq_len),
-              gpt2p::name_string(f.precision).c_str(), where.c_str(), f.spec.loss_fraction);
+  std::printf(
+      "# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
+      gpt2p::model::describe(config).c_str(), f.spec.stages,
+      static_cast<long long>(f.spec.batch_size), static_cast<long long>(f.spec.seq_len),
+      gpt2p::name_string(f.precision).c_str(), where.c_str(), f.spec.loss_fraction);
   std::printf("# layer times, ms per micro-batch (forward + backward)\n");
   std::printf("# (stage: what a stage's forward + backward call costs beyond its layers)\n");
-  std::printf("# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head", "head/block",
-              "stage");
+  std::printf("# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head",
+              "head/block", "stage");
   for (auto it = plan.times.rbegin(); it != plan.times.rend(); ++it) {
     const auto& t = it->second;
     std::printf("# %6lld %10.3f %10.3f %10.3f %11.2f %10.3f\n", static_cast<long long>(it->first),
@@ -465,18 +485,25 @@ int run(Flags f) {
              ? " --zb-extra-live " + std::to_string(best->zb_extra_live)
              : std::string()) +
         recompute_flag(f);
-    std::printf("# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
-                "%.2fx model_parallel\n",
-                gpt2p::name_string(best->partition).c_str(), best->schedule.c_str(), extra.c_str(), best->microbatches,
-                1e3 * best->step_s, best->speedup);
+    std::printf(
+        "# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
+        "%.2fx model_parallel\n",
+        gpt2p::name_string(best->partition).c_str(), best->schedule.c_str(), extra.c_str(),
+        best->microbatches, 1e3 * best->step_s, best->speedup);
   }
   if (!f.json_out.empty()) {
     nlohmann::json doc = pl::to_json(plan, static_cast<int>(config.n_layer));
-    doc.update({{"program", "pp_plan"}, {"model", gpt2p::model::describe(config)},
-                {"stages", f.spec.stages}, {"batch_size", f.spec.batch_size},
-                {"seq_len", f.spec.seq_len}, {"precision", gpt2p::name_string(f.precision)}, {"device", where},
-                {"link_gbs", f.spec.link_gbs}, {"loss_fraction", f.spec.loss_fraction},
-                {"recompute", gpt2p::name_string(f.spec.recompute)}, {"zero", f.spec.zero}});
+    doc.update({{"program", "pp_plan"},
+                {"model", gpt2p::model::describe(config)},
+                {"stages", f.spec.stages},
+                {"batch_size", f.spec.batch_size},
+                {"seq_len", f.spec.seq_len},
+                {"precision", gpt2p::name_string(f.precision)},
+                {"device", where},
+                {"link_gbs", f.spec.link_gbs},
+                {"loss_fraction", f.spec.loss_fraction},
+                {"recompute", gpt2p::name_string(f.spec.recompute)},
+                {"zero", f.spec.zero}});
     gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   }
   return 0;

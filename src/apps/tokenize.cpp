@@ -11,8 +11,8 @@
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
 #include "gpt2p/core/error.h"
-#include "gpt2p/io/json_input.h"
 #include "gpt2p/data/bpe_tokenizer.h"
+#include "gpt2p/io/json_input.h"
 
 namespace {
 
@@ -23,9 +23,9 @@ std::string default_vocab_dir() {
 
 // The value of `key` in a JSON-object line, with errors naming the line.
 nlohmann::json field(const std::string& line, long line_no, const char* key) {
-  const nlohmann::json obj =
-      gpt2p::io::parse_json(line, "stdin line " + std::to_string(line_no),
-                            std::string("write one JSON object per line, e.g. {\"") + key + "\": ...}");
+  const nlohmann::json obj = gpt2p::io::parse_json(
+      line, "stdin line " + std::to_string(line_no),
+      std::string("write one JSON object per line, e.g. {\"") + key + "\": ...}");
   GPT2P_CHECK(obj.is_object() && obj.contains(key),
               "stdin line " << line_no << " has no \"" << key << "\" field",
               "write one JSON object per line, e.g. {\"" << key << "\": ...}");
@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
         if (!gpt2p::cli::parse_or_help(
                 "tokenize",
                 "GPT-2 BPE over JSON lines: {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout "
-                "(--decode: the reverse). Blank lines are skipped (no output line); errors name the "
+                "(--decode: the reverse). Blank lines are skipped (no output line); errors name "
+                "the "
                 "input line.",
                 desc, argc, argv, vm)) {
           return 0;

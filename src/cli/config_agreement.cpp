@@ -58,8 +58,8 @@ void check_same_config(const nlohmann::json& config, std::chrono::milliseconds t
   const uint64_t mine = std::hash<std::string>{}(text);
   std::vector<uint64_t> hashes(static_cast<size_t>(size));
   MPI_Request r = MPI_REQUEST_NULL;
-  GPT2P_MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T,
-                                 MPI_COMM_WORLD, &r));
+  GPT2P_MPI_CHECK(
+      MPI_Iallgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD, &r));
   wait_all(&r, 1, timeout, [] { return std::string("comparing the ranks' configurations"); });
   bool same = true;
   for (uint64_t h : hashes) same = same && h == hashes[0];
@@ -75,8 +75,10 @@ void check_same_config(const nlohmann::json& config, std::chrono::milliseconds t
       [&] {
         if (rank == 0) return;
         const auto difference =
-            describe_config_difference(
-                config, io::parse_json(reference, "rank 0's configuration", "start every rank with the same build"), 0);
+            describe_config_difference(config,
+                                       io::parse_json(reference, "rank 0's configuration",
+                                                      "start every rank with the same build"),
+                                       0);
         if (difference.empty()) return;
         throw UsageError("ranks run different configurations: rank " + std::to_string(rank) +
                          " was started with " + difference +

@@ -1,7 +1,6 @@
 #include "gpt2p/comm/communicator.h"
 
 #include <algorithm>
-
 #include <sstream>
 
 #include "gpt2p/comm/mpi_communicator.h"
@@ -28,28 +27,17 @@ std::string shape_of(const torch::Tensor& t) {
 
 std::string dtype_name(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat32:
-      return "float32";
-    case torch::kFloat64:
-      return "float64";
-    case torch::kFloat16:
-      return "float16";
-    case torch::kBFloat16:
-      return "bfloat16";
-    case torch::kInt8:
-      return "int8";
-    case torch::kUInt8:
-      return "uint8";
-    case torch::kInt16:
-      return "int16";
-    case torch::kInt32:
-      return "int32";
-    case torch::kInt64:
-      return "int64";
-    case torch::kBool:
-      return "bool";
-    default:
-      return c10::toString(type);
+    case torch::kFloat32: return "float32";
+    case torch::kFloat64: return "float64";
+    case torch::kFloat16: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kInt8: return "int8";
+    case torch::kUInt8: return "uint8";
+    case torch::kInt16: return "int16";
+    case torch::kInt32: return "int32";
+    case torch::kInt64: return "int64";
+    case torch::kBool: return "bool";
+    default: return c10::toString(type);
   }
 }
 
@@ -110,9 +98,9 @@ void Communicator::check_gather_output(const torch::Tensor& input,
   GPT2P_CHECK(output.defined() && output.sizes() == torch::IntArrayRef(shape) &&
                   output.scalar_type() == input.scalar_type() &&
                   output.device() == input.device() && output.is_contiguous(),
-              "all_gather_async: output must be a contiguous " << dtype_name(input.scalar_type())
-                                                               << " tensor of shape " << shape
-                                                               << " on " << input.device(),
+              "all_gather_async: output must be a contiguous "
+                  << dtype_name(input.scalar_type()) << " tensor of shape " << shape << " on "
+                  << input.device(),
               "allocate it with torch::empty({comm.size(), ...input shape}, input.options())");
 }
 
@@ -121,10 +109,10 @@ void Communicator::check_scatter_output(const torch::Tensor& input,
   GPT2P_CHECK(output.defined() && output.numel() * size() == input.numel() &&
                   output.scalar_type() == input.scalar_type() &&
                   output.device() == input.device() && output.is_contiguous(),
-              "reduce_scatter: output must be a contiguous " << dtype_name(input.scalar_type())
-                  << " tensor of " << input.numel() / std::max(1, size()) << " elements on "
-                  << input.device() << " (input: " << input.numel() << " elements over " << size()
-                  << " ranks)",
+              "reduce_scatter: output must be a contiguous "
+                  << dtype_name(input.scalar_type()) << " tensor of "
+                  << input.numel() / std::max(1, size()) << " elements on " << input.device()
+                  << " (input: " << input.numel() << " elements over " << size() << " ranks)",
               "pass an input of ranks x n elements and an output of n, e.g. torch::empty({n}, "
               "input.options())");
   if (output.numel() == 0) return;
@@ -149,8 +137,7 @@ WorkPtr Communicator::all_gather_async(const torch::Tensor& input, torch::Tensor
   return std::make_unique<CompletedWork>();
 }
 
-void Communicator::reduce_scatter(const torch::Tensor& input, torch::Tensor& output,
-                                  ReduceOp op) {
+void Communicator::reduce_scatter(const torch::Tensor& input, torch::Tensor& output, ReduceOp op) {
   reduce_scatter_async(input, output, op)->wait();
 }
 

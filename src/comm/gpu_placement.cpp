@@ -32,12 +32,12 @@ GpuPlacement place_on_gpus(const Topology& world, int gpus,
   if (id.empty()) id = "visible GPU " + std::to_string(p.gpu);  // no id: compare the indices
   std::copy_n(id.begin(), std::min<size_t>(id.size(), kIdBytes - 1), mine.begin());
   MPI_Comm host = MPI_COMM_NULL;
-  GPT2P_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank,
-                                      MPI_INFO_NULL, &host));
+  GPT2P_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &host));
   std::vector<char> all(static_cast<size_t>(kIdBytes) * static_cast<size_t>(world.local_size));
   MPI_Request r = MPI_REQUEST_NULL;
-  GPT2P_MPI_CHECK(MPI_Iallgather(mine.data(), kIdBytes, MPI_CHAR, all.data(), kIdBytes, MPI_CHAR,
-                                 host, &r));
+  GPT2P_MPI_CHECK(
+      MPI_Iallgather(mine.data(), kIdBytes, MPI_CHAR, all.data(), kIdBytes, MPI_CHAR, host, &r));
   wait_all(&r, 1, timeout, [] { return std::string("comparing the GPUs of this host's ranks"); });
   GPT2P_MPI_CHECK(MPI_Comm_free(&host));
   std::set<std::string> distinct;
@@ -77,8 +77,8 @@ void give_nccl_ranks_own_hosts(const GpuPlacement& placement, int world_rank) {
 
 std::string describe_sharing(const GpuPlacement& placement, const std::string& host) {
   return std::to_string(placement.ranks_on_host) + " ranks share " +
-         std::to_string(placement.gpus_on_host) + " GPU" + (placement.gpus_on_host == 1 ? "" : "s") +
-         " on " + host;
+         std::to_string(placement.gpus_on_host) + " GPU" +
+         (placement.gpus_on_host == 1 ? "" : "s") + " on " + host;
 }
 
 }  // namespace gpt2p::comm

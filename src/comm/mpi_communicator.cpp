@@ -1,6 +1,5 @@
 #include "gpt2p/comm/mpi_communicator.h"
 
-
 #include <algorithm>
 #include <array>
 #include <exception>
@@ -15,16 +14,11 @@ namespace {
 // The MPI type that moves a dtype's bytes unchanged (bfloat16 travels as raw 16-bit words).
 MPI_Datatype wire_type(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32:
-      return MPI_FLOAT;
-    case torch::kFloat64:
-      return MPI_DOUBLE;
-    case torch::kInt32:
-      return MPI_INT32_T;
-    case torch::kInt64:
-      return MPI_INT64_T;
-    case torch::kBFloat16:
-      return MPI_UINT16_T;
+    case torch::kFloat32: return MPI_FLOAT;
+    case torch::kFloat64: return MPI_DOUBLE;
+    case torch::kInt32: return MPI_INT32_T;
+    case torch::kInt64: return MPI_INT64_T;
+    case torch::kBFloat16: return MPI_UINT16_T;
     default:
       GPT2P_FAIL("no MPI type for dtype " << dtype_name(t),
                  "this is a bug: check_tensor let it through");
@@ -47,7 +41,8 @@ char* at(const torch::Tensor& t, int64_t element) {
 
 // What a wait names when it times out: "recv from rank 1 on 2 ranks".
 std::string describe_op(const char* op, int peer, int world) {
-  std::string s = std::string(op) + (peer >= 0 ? (std::string(" with rank ") + std::to_string(peer)) : "");
+  std::string s =
+      std::string(op) + (peer >= 0 ? (std::string(" with rank ") + std::to_string(peer)) : "");
   return s + " (MPI, " + std::to_string(world) + " ranks)";
 }
 
@@ -123,7 +118,8 @@ struct Staged {
 Staged stage_reduce(torch::Tensor& tensor, ReduceOp op, int world, bool host) {
   Staged s;
   bool copy_back = true;
-  const auto wire = tensor.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : tensor.scalar_type();
+  const auto wire =
+      tensor.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : tensor.scalar_type();
   if (host) {
     s.buffer = tensor.to(torch::TensorOptions().device(torch::kCPU).dtype(wire)).contiguous();
   } else if (wire != tensor.scalar_type()) {
@@ -200,13 +196,15 @@ MpiCommunicator::MpiCommunicator(Dup dup, MpiOptions options)
 torch::Tensor MpiCommunicator::wire_buffer(const torch::Tensor& t, bool fill) const {
   if (t.is_cuda()) {
     // to(kCPU) waits for the current stream's work on t; a receive buffer needs no values.
-    return fill ? t.to(torch::kCPU).contiguous() : torch::empty(t.sizes(), t.options().device(torch::kCPU));
+    return fill ? t.to(torch::kCPU).contiguous()
+                : torch::empty(t.sizes(), t.options().device(torch::kCPU));
   }
   return t.is_contiguous() ? t : t.contiguous();
 }
 
 void MpiCommunicator::wait(MPI_Request* requests, int count, const char* op, int peer) const {
-  wait_all(requests, count, options_.timeout, [op, peer, world = size()] { return describe_op(op, peer, world); });
+  wait_all(requests, count, options_.timeout,
+           [op, peer, world = size()] { return describe_op(op, peer, world); });
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -306,16 +304,20 @@ WorkPtr MpiCommunicator::all_gather_async(const torch::Tensor& input, torch::Ten
                                      static_cast<int>(n), type, comm_, &r));
       requests.push_back(r);
     }
-    return std::make_unique<MpiWork>(std::move(requests), [in, out, output]() mutable {
-      if (!out.is_same(output)) output.copy_(out);
-    }, place);
+    return std::make_unique<MpiWork>(
+        std::move(requests),
+        [in, out, output]() mutable {
+          if (!out.is_same(output)) output.copy_(out);
+        },
+        place);
   }
   // Large inputs: one gather per chunk into its own buffer, put into place when complete.
   std::vector<std::pair<int64_t, torch::Tensor>> parts;
   for_chunks(n, options_.max_chunk_elements, [&](int64_t offset, int count) {
     torch::Tensor tmp = torch::empty({size(), count}, in.options());
     MPI_Request r = MPI_REQUEST_NULL;
-    GPT2P_MPI_CHECK(MPI_Iallgather(at(in, offset), count, type, tmp.data_ptr(), count, type, comm_, &r));
+    GPT2P_MPI_CHECK(
+        MPI_Iallgather(at(in, offset), count, type, tmp.data_ptr(), count, type, comm_, &r));
     requests.push_back(r);
     parts.emplace_back(offset, tmp);
   });
@@ -343,8 +345,7 @@ WorkPtr MpiCommunicator::reduce_scatter_async(const torch::Tensor& input, torch:
   check_reduce(input, op, "reduce_scatter");
   check_scatter_output(input, output);
   // bfloat16 is summed in float32 (as all_reduce does); CUDA memory goes through the host.
-  const auto wire =
-      input.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : input.scalar_type();
+  const auto wire = input.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : input.scalar_type();
   const bool host = input.is_cuda();
   const auto where = host ? torch::Device(torch::kCPU) : input.device();
   const torch::Tensor in = input.to(input.options().device(where).dtype(wire)).contiguous();
@@ -391,8 +392,8 @@ WorkPtr MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int t
     GPT2P_MPI_CHECK(MPI_Isend(at(buffer, offset), count, type, peer, tag, comm_, &r));
     requests.push_back(r);
   });
-  return std::make_unique<MpiWork>(std::move(requests), [buffer] {},
-                                   MpiWork::Place{"send", peer, size(), options_.timeout});
+  return std::make_unique<MpiWork>(
+      std::move(requests), [buffer] {}, MpiWork::Place{"send", peer, size(), options_.timeout});
 }
 
 WorkPtr MpiCommunicator::recv_async(torch::Tensor& tensor, int peer, int tag) {
@@ -407,9 +408,12 @@ WorkPtr MpiCommunicator::recv_async(torch::Tensor& tensor, int peer, int tag) {
     GPT2P_MPI_CHECK(MPI_Irecv(at(buffer, offset), count, type, peer, tag, comm_, &r));
     requests.push_back(r);
   });
-  return std::make_unique<MpiWork>(std::move(requests), [tensor, buffer]() mutable {
-    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-  }, MpiWork::Place{"recv", peer, size(), options_.timeout});
+  return std::make_unique<MpiWork>(
+      std::move(requests),
+      [tensor, buffer]() mutable {
+        if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+      },
+      MpiWork::Place{"recv", peer, size(), options_.timeout});
 }
 
 void MpiCommunicator::barrier() { gpt2p::barrier(comm_, options_.timeout, "barrier"); }

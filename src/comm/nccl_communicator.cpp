@@ -21,8 +21,8 @@
 #include <utility>
 
 #include "gpt2p/comm/cuda_check.h"
-#include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/comm/mpi_communicator.h"
+#include "gpt2p/core/mpi_wait.h"
 #include "nccl_work.h"
 
 namespace gpt2p::comm {
@@ -36,16 +36,11 @@ using nccl::Staged;
 
 ncclDataType_t nccl_type(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32:
-      return ncclFloat32;
-    case torch::kFloat64:
-      return ncclFloat64;
-    case torch::kInt32:
-      return ncclInt32;
-    case torch::kInt64:
-      return ncclInt64;
-    case torch::kBFloat16:
-      return ncclBfloat16;
+    case torch::kFloat32: return ncclFloat32;
+    case torch::kFloat64: return ncclFloat64;
+    case torch::kInt32: return ncclInt32;
+    case torch::kInt64: return ncclInt64;
+    case torch::kBFloat16: return ncclBfloat16;
     default:
       GPT2P_FAIL("no NCCL type for dtype " << dtype_name(t),
                  "this is a bug: check_tensor let it through");
@@ -62,8 +57,8 @@ int pick_device(const Topology& topo, const torch::Device& requested) {
   if (requested.is_cuda() && requested.has_index()) {
     const int index = requested.index();
     GPT2P_CHECK(index >= 0 && index < count,
-                "the NCCL communicator was asked for cuda:" << index << " but " << topo.host
-                                                            << " has " << count << " visible GPU(s)",
+                "the NCCL communicator was asked for cuda:"
+                    << index << " but " << topo.host << " has " << count << " visible GPU(s)",
                 "this is a bug: pass the rank's own GPU in CommOptions::device");
     GPT2P_CUDA_CHECK(cudaSetDevice(index));
     return index;
@@ -215,17 +210,17 @@ class NcclCommunicator final : public Communicator {
     const torch::Tensor in = input.contiguous();
     return enqueue({in, output}, nullptr, [&](cudaStream_t stream) {
       if (in.numel() == 0) return;
-      GPT2P_NCCL_CHECK(ncclAllGather(in.data_ptr(), output.data_ptr(), static_cast<size_t>(in.numel()),
-                                     nccl_type(in.scalar_type()), state_->comm, stream));
+      GPT2P_NCCL_CHECK(ncclAllGather(in.data_ptr(), output.data_ptr(),
+                                     static_cast<size_t>(in.numel()), nccl_type(in.scalar_type()),
+                                     state_->comm, stream));
     });
   }
 
   void reduce_scatter(const torch::Tensor& input, torch::Tensor& output, ReduceOp op) override {
     check_tensor(input, "reduce_scatter");
     if (check_sizes_) {
-      detail::check_same_collective(mpi_comm_, "reduce_scatter", input.numel(),
-                                    input.scalar_type(), static_cast<int64_t>(op),
-                                    "reduce op (0 sum, 1 avg)");
+      detail::check_same_collective(mpi_comm_, "reduce_scatter", input.numel(), input.scalar_type(),
+                                    static_cast<int64_t>(op), "reduce op (0 sum, 1 avg)");
     }
     reduce_scatter_async(input, output, op)->wait();
   }
@@ -238,10 +233,9 @@ class NcclCommunicator final : public Communicator {
     const torch::Tensor in = input.contiguous();
     return enqueue({in, output}, nullptr, [&](cudaStream_t stream) {
       if (output.numel() == 0) return;
-      GPT2P_NCCL_CHECK(ncclReduceScatter(in.data_ptr(), output.data_ptr(),
-                                         static_cast<size_t>(output.numel()),
-                                         nccl_type(in.scalar_type()), nccl_op(op), state_->comm,
-                                         stream));
+      GPT2P_NCCL_CHECK(
+          ncclReduceScatter(in.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
+                            nccl_type(in.scalar_type()), nccl_op(op), state_->comm, stream));
     });
   }
 
@@ -297,8 +291,8 @@ class NcclCommunicator final : public Communicator {
     });
     std::vector<WorkPtr> works;
     for (auto& s : staged) {
-      works.push_back(std::make_unique<NcclWork>(state_, done, std::vector<torch::Tensor>{s.buffer},
-                                                 s.finish));
+      works.push_back(
+          std::make_unique<NcclWork>(state_, done, std::vector<torch::Tensor>{s.buffer}, s.finish));
     }
     return works;
   }
@@ -351,7 +345,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const CommOp
   MPI_Comm dup = MPI_COMM_NULL;
   MPI_Request r = MPI_REQUEST_NULL;
   GPT2P_MPI_CHECK(MPI_Comm_idup(comm, &dup, &r));
-  wait_all(&r, 1, options.timeout, [] { return std::string("creating the NCCL communicator's MPI group"); });
+  wait_all(&r, 1, options.timeout,
+           [] { return std::string("creating the NCCL communicator's MPI group"); });
   GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
   return std::make_unique<NcclCommunicator>(dup, options);
 }

@@ -38,10 +38,10 @@ const torch::optim::AdamWParamState* adamw_state(const torch::optim::Optimizer& 
 
 void set_adamw_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, int64_t step,
                      torch::Tensor exp_avg, torch::Tensor exp_avg_sq) {
-  GPT2P_CHECK(exp_avg.sizes() == p.sizes() && exp_avg_sq.sizes() == p.sizes(),
-              "AdamW state of shape " << exp_avg.sizes() << " for a parameter of shape "
-                                      << p.sizes(),
-              "this is a bug: the moments must have the parameter's shape");
+  GPT2P_CHECK(
+      exp_avg.sizes() == p.sizes() && exp_avg_sq.sizes() == p.sizes(),
+      "AdamW state of shape " << exp_avg.sizes() << " for a parameter of shape " << p.sizes(),
+      "this is a bug: the moments must have the parameter's shape");
   auto st = std::make_unique<torch::optim::AdamWParamState>();
   st->step(step);
   st->exp_avg(std::move(exp_avg));
@@ -104,8 +104,8 @@ bool FusedAdamW::fused_step() {
         synced_steps_.push_back(-1);
       }
       if (synced_steps_[slot] != st.step() || device_steps_[slot].device() != p.device()) {
-        device_steps_[slot] = torch::full({}, static_cast<float>(st.step()),
-                                          p.options().dtype(torch::kFloat32));
+        device_steps_[slot] =
+            torch::full({}, static_cast<float>(st.step()), p.options().dtype(torch::kFloat32));
       }
       st.step(st.step() + 1);  // the device counts get their +1 below, before the kernel
       synced_steps_[slot] = st.step();

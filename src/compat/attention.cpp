@@ -64,8 +64,10 @@ void set_attention_backend(Attention choice) {
 std::string attention_backend(const torch::Device& device, torch::ScalarType dtype, int64_t heads,
                               int64_t seq, int64_t head_dim, double dropout) {
 #if GPT2P_TORCH_AT_LEAST(2, 0)
-  const auto q = torch::empty({1, heads, seq, head_dim}, torch::TensorOptions().dtype(dtype).device(device));
-  const int64_t choice = at::_fused_sdp_choice(q, q, q, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  const auto q =
+      torch::empty({1, heads, seq, head_dim}, torch::TensorOptions().dtype(dtype).device(device));
+  const int64_t choice =
+      at::_fused_sdp_choice(q, q, q, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
   switch (choice) {  // sdp::SDPBackend (ATen/native/transformers/sdp_utils_cpp.h)
     case 0: return "math";
     case 1: return "flash";

@@ -1,4 +1,5 @@
-// Device-related differences between libtorch versions, and the CUDA calls that only CUDA builds make.
+// Device-related differences between libtorch versions, and the CUDA calls that only CUDA builds
+// make.
 #include "gpt2p/compat/device.h"
 
 #include <ATen/autocast_mode.h>
@@ -201,7 +202,8 @@ DeviceClock::~DeviceClock() {
 }
 
 void DeviceClock::mark(int i) {
-  GPT2P_CHECK(i >= 0 && i < static_cast<int>(impl_->host.size()), "clock mark " << i << " out of range", "this is a bug");
+  GPT2P_CHECK(i >= 0 && i < static_cast<int>(impl_->host.size()),
+              "clock mark " << i << " out of range", "this is a bug");
 #ifdef GPT2P_WITH_CUDA
   if (impl_->cuda) {
     GPT2P_CHECK(cudaEventRecord(impl_->events[i], at::cuda::getCurrentCUDAStream()) == cudaSuccess,
@@ -215,8 +217,8 @@ void DeviceClock::mark(int i) {
 double DeviceClock::elapsed(int a, int b) {
 #ifdef GPT2P_WITH_CUDA
   if (impl_->cuda) {
-    GPT2P_CHECK(cudaEventSynchronize(impl_->events[b]) == cudaSuccess, "cudaEventSynchronize failed",
-                "check the GPU is usable (nvidia-smi)");
+    GPT2P_CHECK(cudaEventSynchronize(impl_->events[b]) == cudaSuccess,
+                "cudaEventSynchronize failed", "check the GPU is usable (nvidia-smi)");
     float ms = 0;
     GPT2P_CHECK(cudaEventElapsedTime(&ms, impl_->events[a], impl_->events[b]) == cudaSuccess,
                 "cudaEventElapsedTime failed", "this is a bug: mark both points first");

@@ -1,7 +1,6 @@
 #include "gpt2p/compat/profiler.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -80,14 +79,16 @@ void Profiler::stop(const std::string& path) {
   synchronize(device_);
   running_ = false;
   auto result = torch::autograd::profiler::disableProfiler();
-  GPT2P_CHECK(result != nullptr, "the profiler returned no result",
-              "this libtorch may be built without Kineto (USE_KINETO); profile with Nsight instead");
+  GPT2P_CHECK(
+      result != nullptr, "the profiler returned no result",
+      "this libtorch may be built without Kineto (USE_KINETO); profile with Nsight instead");
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   result->save(path);
-  GPT2P_CHECK(std::filesystem::exists(p) && std::filesystem::file_size(p) > 0,
-              "the profiler wrote no trace to " << path,
-              "this libtorch may be built without Kineto (USE_KINETO); profile with Nsight instead");
+  GPT2P_CHECK(
+      std::filesystem::exists(p) && std::filesystem::file_size(p) > 0,
+      "the profiler wrote no trace to " << path,
+      "this libtorch may be built without Kineto (USE_KINETO); profile with Nsight instead");
 }
 
 }  // namespace gpt2p::compat

@@ -60,7 +60,8 @@ std::string rng_state(const torch::Device& device) {
 
 void set_rng_state(const torch::Device& device, const std::string& bytes) {
   const size_t head = sizeof kRngMagic + sizeof(uint64_t);
-  if (bytes.size() < head || bytes.compare(0, sizeof kRngMagic, std::string(kRngMagic, sizeof kRngMagic)) != 0) {
+  if (bytes.size() < head ||
+      bytes.compare(0, sizeof kRngMagic, std::string(kRngMagic, sizeof kRngMagic)) != 0) {
     set_cpu_rng_state(bytes);
     return;
   }

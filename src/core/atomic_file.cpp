@@ -2,8 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <ftw.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -171,7 +171,8 @@ bool remove_tree(const std::string& path) {
   return ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0;
 }
 
-void write_atomically(const std::string& path, const std::function<void(const std::string&)>& write) {
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string&)>& write) {
   const std::string parent = parent_of(path);
   make_dirs(parent);
   const std::string tmp = temp_name(path);
@@ -205,8 +206,8 @@ void write_text_atomically(const std::string& path, const std::string& content) 
 void replace_dir(const std::string& staged_in, const std::string& dir_in) {
   const std::string staged = strip_slashes(staged_in);
   const std::string dir = strip_slashes(dir_in);
-  GPT2P_CHECK(is_dir(staged), "cannot make " << staged << " the new " << dir
-                                             << ": it is not a directory",
+  GPT2P_CHECK(is_dir(staged),
+              "cannot make " << staged << " the new " << dir << ": it is not a directory",
               "stage the complete directory first (e.g. as " << temp_name(dir) << ")");
   const std::string parent = parent_of(dir);
   const std::string old = dir + ".old." + std::to_string(::getpid());
@@ -216,8 +217,9 @@ void replace_dir(const std::string& staged_in, const std::string& dir_in) {
     // One atomic swap: there is no moment without a complete `dir`; `staged` now holds the
     // previous one.
     fsync_dir(parent);
-    GPT2P_CHECK(remove_tree(staged), "cannot remove the previous " << dir << " (kept as " << staged
-                                         << "): " << std::strerror(errno),
+    GPT2P_CHECK(remove_tree(staged),
+                "cannot remove the previous " << dir << " (kept as " << staged
+                                              << "): " << std::strerror(errno),
                 "remove it by hand; the new " << dir << " is complete");
     return;
   }
@@ -235,8 +237,9 @@ void replace_dir(const std::string& staged_in, const std::string& dir_in) {
   }
   fsync_dir(parent);
   if (had_old) {
-    GPT2P_CHECK(remove_tree(old), "cannot remove the previous " << dir << " (kept as " << old
-                                      << "): " << std::strerror(errno),
+    GPT2P_CHECK(remove_tree(old),
+                "cannot remove the previous " << dir << " (kept as " << old
+                                              << "): " << std::strerror(errno),
                 "remove it by hand; the new " << dir << " is complete");
   }
 }

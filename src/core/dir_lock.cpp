@@ -48,7 +48,8 @@ std::unique_ptr<DirLock> DirLock::acquire(const std::string& dir, const std::str
     // The holder before us may have removed the file between our open and our flock: then this
     // lock is on a file no longer in the directory, and another job may lock a new one. Only a
     // lock on the file the path names now counts.
-    struct stat held {}, named {};
+    struct stat held {
+    }, named{};
     if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
         held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
       const std::string line = owner + " (pid " + std::to_string(::getpid()) + " on " +

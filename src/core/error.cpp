@@ -23,7 +23,9 @@ std::string format(const std::string& what, const std::string& hint, const char*
 }  // namespace
 
 Error::Error(std::string what, std::string hint, const char* file, int line)
-    : std::runtime_error(format(what, hint, file, line)), what_(std::move(what)), hint_(std::move(hint)) {}
+    : std::runtime_error(format(what, hint, file, line)),
+      what_(std::move(what)),
+      hint_(std::move(hint)) {}
 
 std::string process_label() {
   int initialized = 0;

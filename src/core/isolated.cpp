@@ -16,21 +16,13 @@ namespace gpt2p {
 std::string IsolatedRun::describe(double timeout_s) const {
   std::ostringstream os;
   switch (kind) {
-    case Kind::kFinished:
-      os << "finished";
-      break;
+    case Kind::kFinished: os << "finished"; break;
     case Kind::kSignal:
       os << "crashed (signal " << signal << ": " << ::strsignal(signal) << ")";
       break;
-    case Kind::kExitCode:
-      os << "exited with status " << exit_code;
-      break;
-    case Kind::kTimedOut:
-      os << "ran for more than " << timeout_s << " s";
-      break;
-    case Kind::kNoFork:
-      os << "could not be started (fork: " << std::strerror(error) << ")";
-      break;
+    case Kind::kExitCode: os << "exited with status " << exit_code; break;
+    case Kind::kTimedOut: os << "ran for more than " << timeout_s << " s"; break;
+    case Kind::kNoFork: os << "could not be started (fork: " << std::strerror(error) << ")"; break;
   }
   return os.str();
 }

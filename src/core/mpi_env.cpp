@@ -32,8 +32,9 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
     GPT2P_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     owns_ = true;
     GPT2P_CHECK(provided >= MPI_THREAD_SERIALIZED,
-                "this MPI library grants thread level " << provided << ", below MPI_THREAD_SERIALIZED ("
-                                                        << MPI_THREAD_SERIALIZED << ")",
+                "this MPI library grants thread level "
+                    << provided << ", below MPI_THREAD_SERIALIZED (" << MPI_THREAD_SERIALIZED
+                    << ")",
                 "use an MPI built with thread support (Open MPI and MPICH are by default)");
   }
   GPT2P_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include <algorithm>
-
 #include <thread>
 
 #include "gpt2p/core/error.h"
@@ -34,12 +33,12 @@ void wait_all(MPI_Request* requests, int count, std::chrono::milliseconds timeou
                                       std::chrono::milliseconds(3000));
         who = "; " + roll_call->describe_missing(grace);
       }
-      GPT2P_FAIL(describe() << ": not complete after "
-                            << std::chrono::duration<double>(timeout).count()
-                            << " s (--comm-timeout)" << who,
-                 "a peer is stuck or dead (a stopped process, a hung GPU, a rank waiting in another "
-                 "call or failing before it); its own message, if any, is above. Raise "
-                 "--comm-timeout if one step really takes that long");
+      GPT2P_FAIL(
+          describe() << ": not complete after " << std::chrono::duration<double>(timeout).count()
+                     << " s (--comm-timeout)" << who,
+          "a peer is stuck or dead (a stopped process, a hung GPU, a rank waiting in another "
+          "call or failing before it); its own message, if any, is above. Raise "
+          "--comm-timeout if one step really takes that long");
     }
     if (now - start < std::chrono::milliseconds(2)) {
       sched_yield();

@@ -181,8 +181,8 @@ std::string RollCall::describe_missing(std::chrono::milliseconds grace) {
     if (!who.empty()) who += ", ";
     who += rank_word(ranks) + describe_ranks(ranks) + " on " + host;
   }
-  return who + " did not answer a roll call" + within +
-         " (stopped, dead or cut off from " + hosts_[rank_] + ")";
+  return who + " did not answer a roll call" + within + " (stopped, dead or cut off from " +
+         hosts_[rank_] + ")";
 }
 
 }  // namespace gpt2p

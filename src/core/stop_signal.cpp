@@ -59,9 +59,9 @@ std::string StopSignals::reclaim() {
     sigaction(signal, nullptr, &now);
     // After the first signal of a kind the handler itself puts SIG_DFL back (a second one ends
     // the process): that is ours, not a change.
-    const bool ours = (now.sa_flags & SA_SIGINFO) == 0 &&
-                      (now.sa_handler == on_stop_signal ||
-                       (now.sa_handler == SIG_DFL && g_received == signal));
+    const bool ours =
+        (now.sa_flags & SA_SIGINFO) == 0 &&
+        (now.sa_handler == on_stop_signal || (now.sa_handler == SIG_DFL && g_received == signal));
     if (!ours) {
       install(signal, nullptr);
       note(signal, "handler replaced");
@@ -79,12 +79,9 @@ std::string StopSignals::reclaim() {
 
 const char* signal_name(int signal) {
   switch (signal) {
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGUSR1:
-      return "SIGUSR1";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
     default: {
       static thread_local std::string text;
       text = "signal " + std::to_string(signal);

@@ -29,11 +29,11 @@ class Substitution {
     std::string out(in.size() * 3 + 16, '\0');
     for (int attempt = 0; attempt < 2; ++attempt) {
       PCRE2_SIZE out_len = out.size();
-      const int rc = pcre2_substitute(
-          code_, reinterpret_cast<PCRE2_SPTR>(in.data()), in.size(), 0,
-          PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH, nullptr, nullptr,
-          reinterpret_cast<PCRE2_SPTR>(replacement_), PCRE2_ZERO_TERMINATED,
-          reinterpret_cast<PCRE2_UCHAR*>(out.data()), &out_len);
+      const int rc = pcre2_substitute(code_, reinterpret_cast<PCRE2_SPTR>(in.data()), in.size(), 0,
+                                      PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH,
+                                      nullptr, nullptr, reinterpret_cast<PCRE2_SPTR>(replacement_),
+                                      PCRE2_ZERO_TERMINATED,
+                                      reinterpret_cast<PCRE2_UCHAR*>(out.data()), &out_len);
       if (rc == PCRE2_ERROR_NOMEMORY) {  // out_len now holds the size needed
         out.resize(out_len);
         continue;
@@ -138,10 +138,10 @@ BleuScore corpus_bleu(const std::vector<std::string>& hypotheses,
     }
   }
   if (r.sys_len == 0) return r;
-  r.brevity_penalty = r.sys_len >= r.ref_len
-                          ? 1.0
-                          : std::exp(1.0 - static_cast<double>(r.ref_len) /
-                                               static_cast<double>(r.sys_len));
+  r.brevity_penalty =
+      r.sys_len >= r.ref_len
+          ? 1.0
+          : std::exp(1.0 - static_cast<double>(r.ref_len) / static_cast<double>(r.sys_len));
   double log_sum = 0;
   for (double p : r.precisions) log_sum += p > 0 ? std::log(p) : -9999999999.0;
   r.score = r.brevity_penalty * std::exp(log_sum / kOrder);

@@ -14,8 +14,8 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/fnv1a.h"
-#include "gpt2p/io/json_input.h"
 #include "gpt2p/data/byte_unicode.h"
+#include "gpt2p/io/json_input.h"
 
 namespace gpt2p::data {
 namespace {

@@ -5,10 +5,9 @@
 namespace gpt2p::io {
 
 namespace {
-constexpr ActionOp kAll[] = {ActionOp::kForward,        ActionOp::kBackward,
-                             ActionOp::kSendActivation, ActionOp::kRecvActivation,
-                             ActionOp::kSendGrad,       ActionOp::kRecvGrad,
-                             ActionOp::kOptimizer,      ActionOp::kWeight};
+constexpr ActionOp kAll[] = {
+    ActionOp::kForward,  ActionOp::kBackward, ActionOp::kSendActivation, ActionOp::kRecvActivation,
+    ActionOp::kSendGrad, ActionOp::kRecvGrad, ActionOp::kOptimizer,      ActionOp::kWeight};
 }  // namespace
 
 const char* to_string(ActionOp op) {

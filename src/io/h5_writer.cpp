@@ -149,7 +149,8 @@ void H5Writer::set_attribute(const std::string& name, const std::string& value) 
   H5::StrType type(H5::PredType::C_S1, value.empty() ? 1 : value.size());
   H5::DataSpace scalar(H5S_SCALAR);
   if (impl_->file.attrExists(name)) impl_->file.removeAttr(name);
-  impl_->file.createAttribute(name, type, scalar).write(type, value.empty() ? std::string(" ") : value);
+  impl_->file.createAttribute(name, type, scalar)
+      .write(type, value.empty() ? std::string(" ") : value);
 }
 
 void H5Writer::set_attribute(const std::string& name, double value) {
@@ -196,8 +197,8 @@ void H5Writer::put_back() {
 }
 
 void H5Writer::add_table(const std::string& table, const std::vector<std::string>& columns) {
-  GPT2P_CHECK(impl_->tables.count(table) == 0, "table '" << table << "' declared twice in " << path_,
-              "declare each table once");
+  GPT2P_CHECK(impl_->tables.count(table) == 0,
+              "table '" << table << "' declared twice in " << path_, "declare each table once");
   if (impl_->continued && impl_->file.nameExists(table)) {
     impl_->tables.emplace(table, impl_->open_table(path_, table, columns));
     return;

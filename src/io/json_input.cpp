@@ -76,55 +76,37 @@ nlohmann::json read_json_file(const std::string& path, const std::string& hint, 
 
 const char* json_type_name(const nlohmann::json& value) {
   switch (value.type()) {
-    case nlohmann::json::value_t::object:
-      return "an object";
-    case nlohmann::json::value_t::array:
-      return "an array";
-    case nlohmann::json::value_t::string:
-      return "a string";
-    case nlohmann::json::value_t::boolean:
-      return "a boolean";
+    case nlohmann::json::value_t::object: return "an object";
+    case nlohmann::json::value_t::array: return "an array";
+    case nlohmann::json::value_t::string: return "a string";
+    case nlohmann::json::value_t::boolean: return "a boolean";
     case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned:
-      return "an integer";
-    case nlohmann::json::value_t::number_float:
-      return "a number";
-    case nlohmann::json::value_t::null:
-      return "null";
-    default:
-      return "a binary value";
+    case nlohmann::json::value_t::number_unsigned: return "an integer";
+    case nlohmann::json::value_t::number_float: return "a number";
+    case nlohmann::json::value_t::null: return "null";
+    default: return "a binary value";
   }
 }
 
 namespace {
 const char* type_wanted(JsonType type) {
   switch (type) {
-    case JsonType::kObject:
-      return "an object";
-    case JsonType::kArray:
-      return "an array";
-    case JsonType::kString:
-      return "a string";
-    case JsonType::kInteger:
-      return "an integer";
-    case JsonType::kNumber:
-      return "a number";
+    case JsonType::kObject: return "an object";
+    case JsonType::kArray: return "an array";
+    case JsonType::kString: return "a string";
+    case JsonType::kInteger: return "an integer";
+    case JsonType::kNumber: return "a number";
   }
   return "a value";
 }
 
 bool has_type(const nlohmann::json& value, JsonType type) {
   switch (type) {
-    case JsonType::kObject:
-      return value.is_object();
-    case JsonType::kArray:
-      return value.is_array();
-    case JsonType::kString:
-      return value.is_string();
-    case JsonType::kInteger:
-      return value.is_number_integer();
-    case JsonType::kNumber:
-      return value.is_number();
+    case JsonType::kObject: return value.is_object();
+    case JsonType::kArray: return value.is_array();
+    case JsonType::kString: return value.is_string();
+    case JsonType::kInteger: return value.is_number_integer();
+    case JsonType::kNumber: return value.is_number();
   }
   return false;
 }

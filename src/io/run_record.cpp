@@ -42,11 +42,11 @@ void RunRecorder::add_tables() {
                     {"step", "epoch", "start", "end", "data", "forward", "backward", "sync_total",
                      "sync_exposed", "optimizer", "padded_tokens", "target_tokens", "loss", "lr",
                      "flops", "mfu", "loss_scale", "skipped"});
-  writer_.add_table("epochs", {"epoch", "train_time", "padded_tokens", "tokens_per_sec",
-                               "target_tokens_per_sec", "val_loss", "val_ppl", "bleu",
-                               "peak_memory_bytes"});
-  writer_.add_table("actions", {"step", "stage", "op", "microbatch", "start", "end", "bytes_sent",
-                                "bytes_recv"});
+  writer_.add_table(
+      "epochs", {"epoch", "train_time", "padded_tokens", "tokens_per_sec", "target_tokens_per_sec",
+                 "val_loss", "val_ppl", "bleu", "peak_memory_bytes"});
+  writer_.add_table(
+      "actions", {"step", "stage", "op", "microbatch", "start", "end", "bytes_sent", "bytes_recv"});
   writer_.add_table("segments", {"steps_row", "epochs_row", "actions_row", "started"});
 }
 
@@ -86,17 +86,17 @@ void RunRecorder::step(const StepRecord& r) {
 }
 
 void RunRecorder::epoch(const EpochRecord& r) {
-  writer_.append("epochs", {static_cast<double>(r.epoch), r.train_time,
-                            static_cast<double>(r.padded_tokens), r.tokens_per_sec,
-                            r.target_tokens_per_sec, r.val_loss, r.val_ppl, r.bleu,
-                            r.peak_memory_bytes});
+  writer_.append("epochs",
+                 {static_cast<double>(r.epoch), r.train_time, static_cast<double>(r.padded_tokens),
+                  r.tokens_per_sec, r.target_tokens_per_sec, r.val_loss, r.val_ppl, r.bleu,
+                  r.peak_memory_bytes});
 }
 
 void RunRecorder::action(const ActionRecord& r) {
-  writer_.append("actions", {static_cast<double>(r.step), static_cast<double>(r.stage),
-                             static_cast<double>(r.op), static_cast<double>(r.microbatch), r.start,
-                             r.end, static_cast<double>(r.bytes_sent),
-                             static_cast<double>(r.bytes_recv)},
+  writer_.append("actions",
+                 {static_cast<double>(r.step), static_cast<double>(r.stage),
+                  static_cast<double>(r.op), static_cast<double>(r.microbatch), r.start, r.end,
+                  static_cast<double>(r.bytes_sent), static_cast<double>(r.bytes_recv)},
                  /*flush=*/false);  // flushed with the step's row
 }
 

@@ -72,18 +72,17 @@ size_t safetensors_element_size(const std::string& dtype, const std::string& pat
              "in Python");
 }
 
-SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const std::string& path) {
+SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size,
+                                           const std::string& path) {
   GPT2P_CHECK(size >= 8, path << " is " << size << " bytes: too short for safetensors",
               "the file is truncated or not safetensors; write it again");
   const uint64_t n = read_le64(reinterpret_cast<const unsigned char*>(bytes));
   GPT2P_CHECK(n <= size - 8, path << ": header length " << n << " exceeds the file size " << size,
               "the file is truncated or not safetensors; write it again");
-  const nlohmann::json header =
-      parse_json(std::string_view(bytes + 8, static_cast<size_t>(n)),
-                 path + " (safetensors header)", kCorrupt);
+  const nlohmann::json header = parse_json(std::string_view(bytes + 8, static_cast<size_t>(n)),
+                                           path + " (safetensors header)", kCorrupt);
   GPT2P_CHECK(header.is_object(),
-              path << ": safetensors header is " << json_type_name(header)
-                   << ", not a JSON object",
+              path << ": safetensors header is " << json_type_name(header) << ", not a JSON object",
               kCorrupt);
   SafetensorsHeader out;
   out.data_offset = 8 + n;
@@ -110,10 +109,10 @@ SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const
     SafetensorsEntry e;
     e.name = name;
     const auto& dtype = field(entry, "dtype", path, name);
-    GPT2P_CHECK(dtype.is_string(),
-                path << ": tensor '" << name << "': dtype is " << json_type_name(dtype)
-                     << ", not a string",
-                kCorrupt);
+    GPT2P_CHECK(
+        dtype.is_string(),
+        path << ": tensor '" << name << "': dtype is " << json_type_name(dtype) << ", not a string",
+        kCorrupt);
     e.dtype = dtype.get<std::string>();
     const size_t element_size = safetensors_element_size(e.dtype, path, name);
     const auto& shape = field(entry, "shape", path, name);

@@ -2,8 +2,6 @@
 // maximum and sum of exponentials (each thread over its 16-byte vectors, then a block
 // reduction of (max, sum) pairs); the second writes the gradient in place. A 50304-column bf16
 // row is 98 KiB, so the second pass mostly reads from L2.
-#include "gpt2p/kernels/cross_entropy.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -11,13 +9,13 @@
 
 #include "element.cuh"
 #include "gpt2p/core/error.h"
+#include "gpt2p/kernels/cross_entropy.h"
 
 namespace gpt2p::kernels {
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-
 
 // (max, sum of exp(x - max)) pairs, merged.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
@@ -87,8 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     s = lane < kWarps ? warp_s[lane] : 0.0f;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
-      merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset),
-            __shfl_xor_sync(0xffffffffu, s, offset));
+      merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
     }
     if (lane == 0) {
       const float lse = m + logf(s);
@@ -104,8 +101,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       const int col = i * kWidth + j;
-      const float g = col < vocab ? w * (__expf(to_float(p.v[j]) - lse) - (col == label ? 1.0f : 0.0f))
-                                  : 0.0f;
+      const float g =
+          col < vocab ? w * (__expf(to_float(p.v[j]) - lse) - (col == label ? 1.0f : 0.0f)) : 0.0f;
       p.v[j] = from_float<T>(g);
     }
     xv[i] = p;

@@ -11,12 +11,12 @@ namespace gpt2p::kernels {
 
 torch::Tensor softmax_cross_entropy_(const torch::Tensor& logits, const torch::Tensor& labels,
                                      const torch::Tensor& weights, int64_t vocab, bool grad) {
-  GPT2P_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1 &&
-                  (logits.scalar_type() == torch::kBFloat16 ||
-                   logits.scalar_type() == torch::kFloat32),
-              "softmax_cross_entropy_: logits " << logits.sizes() << " " << logits.scalar_type()
-                                                << " on " << logits.device(),
-              "pass CUDA logits [rows, columns] in bfloat16 or float32 with contiguous rows");
+  GPT2P_CHECK(
+      logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1 &&
+          (logits.scalar_type() == torch::kBFloat16 || logits.scalar_type() == torch::kFloat32),
+      "softmax_cross_entropy_: logits " << logits.sizes() << " " << logits.scalar_type() << " on "
+                                        << logits.device(),
+      "pass CUDA logits [rows, columns] in bfloat16 or float32 with contiguous rows");
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0);
   GPT2P_CHECK(labels.numel() == rows && weights.numel() == rows,
@@ -28,8 +28,8 @@ torch::Tensor softmax_cross_entropy_(const torch::Tensor& logits, const torch::T
   auto losses = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
   CrossEntropyChunk chunk;
   chunk.logits = logits.data_ptr();
-  chunk.type = logits.scalar_type() == torch::kBFloat16 ? ElementType::kBFloat16
-                                                        : ElementType::kFloat32;
+  chunk.type =
+      logits.scalar_type() == torch::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat32;
   chunk.rows = rows;
   chunk.ld = rows > 1 ? logits.stride(0) : logits.size(1);
   chunk.vocab = vocab;
@@ -59,18 +59,17 @@ void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch
   // A_c^T where A_c = a^T is m x k with ld m.
   const bool bf16 = a.scalar_type() == torch::kBFloat16;
   const cudaDataType_t in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t compute =
-      !bf16 && at::globalContext().allowTF32CuBLAS() ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                     : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = !bf16 && at::globalContext().allowTF32CuBLAS()
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
   const float alpha = 1.0f, beta = 1.0f;
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
-  const cublasStatus_t status =
-      cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, n, m, k, &alpha, b.data_ptr(), in_type, n,
-                   a.data_ptr(), in_type, m, &beta, out.data_ptr(), CUDA_R_32F, n, compute,
-                   CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t status = cublasGemmEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_T, n, m, k, &alpha, b.data_ptr(), in_type, n, a.data_ptr(),
+      in_type, m, &beta, out.data_ptr(), CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT);
   GPT2P_CHECK(status == CUBLAS_STATUS_SUCCESS,
-              "add_matmul_tn: cublasGemmEx failed with status " << static_cast<int>(status) << " ("
-                                                                << m << " x " << n << " x " << k << ")",
+              "add_matmul_tn: cublasGemmEx failed with status "
+                  << static_cast<int>(status) << " (" << m << " x " << n << " x " << k << ")",
               "check that the GPU is healthy; report the shapes if it is");
 }
 

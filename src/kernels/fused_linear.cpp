@@ -23,15 +23,21 @@ void check_lt(cublasStatus_t status, const char* what) {
 // Owners of cuBLASLt's descriptors, destroyed on every path.
 struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
-  ~MatmulDesc() { if (d) cublasLtMatmulDescDestroy(d); }
+  ~MatmulDesc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
 };
 struct Layout {
   cublasLtMatrixLayout_t l = nullptr;
-  ~Layout() { if (l) cublasLtMatrixLayoutDestroy(l); }
+  ~Layout() {
+    if (l) cublasLtMatrixLayoutDestroy(l);
+  }
 };
 struct Preference {
   cublasLtMatmulPreference_t p = nullptr;
-  ~Preference() { if (p) cublasLtMatmulPreferenceDestroy(p); }
+  ~Preference() {
+    if (p) cublasLtMatmulPreferenceDestroy(p);
+  }
 };
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS itself reserves on Hopper
@@ -74,21 +80,30 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
   }
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
   const cudaDataType_t in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t compute =
-      !bf16 && at::globalContext().allowTF32CuBLAS() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = !bf16 && at::globalContext().allowTF32CuBLAS()
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
   // Column-major: dw^T [in, out] = x^T [in, n] * dy [n, out], i.e. A = x as stored (in x n,
   // ld in), B = dy as stored (out x n, ld out) transposed; the epilogue reduces op(B) over k = n.
   MatmulDesc desc;
   check_lt(cublasLtMatmulDescCreate(&desc.d, compute, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t op_n = CUBLAS_OP_N, op_t = CUBLAS_OP_T;
-  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n), "TRANSA");
-  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof op_t), "TRANSB");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n),
+           "TRANSA");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof op_t),
+           "TRANSB");
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
-  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), "EPILOGUE");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                          sizeof epilogue),
+           "EPILOGUE");
   void* bias = db.data_ptr();
-  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "BIAS_POINTER");
+  check_lt(
+      cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+      "BIAS_POINTER");
   const int32_t bias_type = CUDA_R_32F;
-  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type), "BIAS_DATA_TYPE");
+  check_lt(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                          sizeof bias_type),
+           "BIAS_DATA_TYPE");
   Layout a, b, d;
   check_lt(cublasLtMatrixLayoutCreate(&a.l, in_type, in, n, in), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&b.l, in_type, out, n, out), "layout B");
@@ -121,8 +136,8 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
       found == 0) {
     return false;
   }
-  const auto workspace =
-      torch::empty({static_cast<int64_t>(heuristic.workspaceSize)}, x.options().dtype(torch::kUInt8));
+  const auto workspace = torch::empty({static_cast<int64_t>(heuristic.workspaceSize)},
+                                      x.options().dtype(torch::kUInt8));
   const float alpha = 1.0f, beta = 0.0f;
   // A launch cuBLASLt refuses leaves dw and db unwritten: the caller computes them the plain way.
   return cublasLtMatmul(handle, desc.d, &alpha, x.data_ptr(), a.l, dy.data_ptr(), b.l, &beta,
@@ -172,7 +187,8 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
 
 }  // namespace
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias) {
   GPT2P_CHECK(x.is_cuda() && weight.is_cuda() && bias.defined(),
               "kernels::linear: x on " << x.device() << ", weight on " << weight.device()
                                        << (bias.defined() ? "" : ", no bias"),

@@ -38,10 +38,10 @@ bool cuda_tensor(const torch::Tensor& t, torch::ScalarType type, const torch::De
 // gamma or beta: float32 [cols] on device.
 void check_param(const char* fn, const char* name, const torch::Tensor& p, int64_t cols,
                  const torch::Device& device) {
-  GPT2P_CHECK(cuda_tensor(p, torch::kFloat32, device) && p.dim() == 1 && p.size(0) == cols,
-              fn << ": " << name << " " << describe(p) << " for rows of " << cols << " on "
-                 << device,
-              "pass a contiguous float32 [" << cols << "] tensor on the same device");
+  GPT2P_CHECK(
+      cuda_tensor(p, torch::kFloat32, device) && p.dim() == 1 && p.size(0) == cols,
+      fn << ": " << name << " " << describe(p) << " for rows of " << cols << " on " << device,
+      "pass a contiguous float32 [" << cols << "] tensor on the same device");
 }
 
 // Columns of the rows of t [..., C], checked against the kernels' limit.
@@ -56,8 +56,8 @@ int64_t row_width(const char* fn, const char* name, const torch::Tensor& t) {
 }  // namespace
 
 NormResult add_layer_norm_forward(const torch::Tensor& x, const torch::Tensor& delta,
-                                  const torch::Tensor& gamma, const torch::Tensor& beta,
-                                  double eps, torch::ScalarType out_type) {
+                                  const torch::Tensor& gamma, const torch::Tensor& beta, double eps,
+                                  torch::ScalarType out_type) {
   constexpr const char* kFn = "add_layer_norm_forward";
   GPT2P_CHECK(x.defined() && x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.dim() >= 1 &&
                   x.is_contiguous(),
@@ -123,8 +123,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_backward(
                   << rows << " rows",
               "pass the mean and rstd that add_layer_norm_forward returned for this y");
   check_param(kFn, "gamma", gamma, cols, device);
-  GPT2P_CHECK(!dresidual.defined() ||
-                  (cuda_tensor(dresidual, torch::kFloat32, device) && dresidual.sizes() == y.sizes()),
+  GPT2P_CHECK(!dresidual.defined() || (cuda_tensor(dresidual, torch::kFloat32, device) &&
+                                       dresidual.sizes() == y.sizes()),
               kFn << ": dresidual " << describe(dresidual) << " for y " << describe(y),
               "pass a contiguous float32 gradient of y's shape on y's device, or none");
   const c10::cuda::CUDAGuard guard(device);

@@ -4,8 +4,6 @@
 // range of rows, one at a time, with the same columns in the same threads for every row, so the
 // threads sum dgamma and dbeta of their columns in registers and the block writes one slice of
 // partial sums; a second kernel adds the slices in a fixed order.
-#include "gpt2p/kernels/layer_norm.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -15,6 +13,7 @@
 
 #include "element.cuh"
 #include "gpt2p/core/error.h"
+#include "gpt2p/kernels/layer_norm.h"
 
 namespace gpt2p::kernels {
 namespace {
@@ -22,7 +21,8 @@ namespace {
 // Threads of a row's block: the vector path spreads at most 256 threads over a row (8 vectors of
 // 4 each for 8192 columns), the scalar path at most 1024 (8 scalars each).
 constexpr int kMaxPacks = 8;
-template <int kWidth> constexpr int kMaxThreads = kWidth == 1 ? 1024 : 256;
+template <int kWidth>
+constexpr int kMaxThreads = kWidth == 1 ? 1024 : 256;
 
 // Backward blocks: at least kMinRowsPerPartial rows each and at most kMaxPartials blocks, so the
 // workspace stays a small fraction of the gradient and its reduction is cheap.
@@ -33,7 +33,6 @@ constexpr int64_t kMinRowsPerPartial = 8;
 // the partials of each column.
 constexpr int kReduceCols = 32;
 constexpr int kReduceSplit = 16;
-
 
 // Pack i of p, as floats.
 template <int kWidth, typename T>
@@ -282,7 +281,10 @@ void with_packs(int packs_per_thread, F&& f) {
   }
 }
 
-template <typename T> struct TypeTag { using type = T; };
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
 
 // Calls f with TypeTag<float> or TypeTag<__nv_bfloat16>.
 template <typename F>
@@ -366,8 +368,7 @@ void add_layer_norm_backward(const AddLayerNormBackward& a, void* stream) {
                   a.dbeta != nullptr && (a.workspace != nullptr || partials == 0),
               "add_layer_norm_backward: a required pointer is null",
               "pass dout, y, mean, rstd, gamma, dy, dgamma, dbeta and the workspace");
-  GPT2P_CHECK(aligned(a.workspace, 16),
-              "add_layer_norm_backward: workspace is not 16-byte aligned",
+  GPT2P_CHECK(aligned(a.workspace, 16), "add_layer_norm_backward: workspace is not 16-byte aligned",
               "allocate it with cudaMalloc or torch");
   auto* s = static_cast<cudaStream_t>(stream);
   const int cols = static_cast<int>(a.cols);
@@ -385,8 +386,8 @@ void add_layer_norm_backward(const AddLayerNormBackward& a, void* stream) {
           constexpr int kPacks = decltype(packs)::value;
           add_layer_norm_backward_kernel<TOut, kWidth, kPacks>
               <<<static_cast<unsigned>(partials), shape.threads, 0, s>>>(
-                  static_cast<const TOut*>(a.dout), a.y, a.mean, a.rstd, a.gamma, a.dresidual,
-                  a.dy, a.workspace, a.rows, cols, per, partials);
+                  static_cast<const TOut*>(a.dout), a.y, a.mean, a.rstd, a.gamma, a.dresidual, a.dy,
+                  a.workspace, a.rows, cols, per, partials);
         });
       });
     };

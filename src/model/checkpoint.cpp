@@ -99,9 +99,7 @@ void check_loaded_finite(const GPT2Impl& model, const std::string& path) {
   std::string fix;
   switch (e.error_number()) {
     case ENOSPC:
-    case EDQUOT:
-      fix = "free disk space or point --out elsewhere";
-      break;
+    case EDQUOT: fix = "free disk space or point --out elsewhere"; break;
     case EROFS:
       fix = (parent.empty() ? std::string(".") : parent) +
             " is on a read-only file system: point --out at a writable directory";
@@ -111,9 +109,7 @@ void check_loaded_finite(const GPT2Impl& model, const std::string& path) {
       fix = "make " + (parent.empty() ? std::string(".") : parent) +
             " writable for this user or point --out elsewhere";
       break;
-    default:
-      fix = e.hint();
-      break;
+    default: fix = e.hint(); break;
   }
   throw FileError(e.error_number(), e.what_happened(), fix + "; " + kept, __FILE__, __LINE__);
 }

@@ -98,7 +98,8 @@ class DeferredLinear : public torch::autograd::Function<DeferredLinear> {
     }
     const auto capsule = ctx->saved_data["store"].toCapsule();
     const auto* holder = dynamic_cast<const StoreHolder*>(capsule.get());
-    GPT2P_CHECK(holder != nullptr, "deferred linear lost its weight-gradient store", "this is a bug");
+    GPT2P_CHECK(holder != nullptr, "deferred linear lost its weight-gradient store",
+                "this is a bug");
     holder->store->push(xc, dy, weight);
     return {dx, torch::Tensor(), db, torch::Tensor()};  // one per argument; the weight's comes in W
   }

@@ -67,9 +67,9 @@ MLPImpl::MLPImpl(const GPT2Config& config) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return dropout_(apply_linear(
-      c_proj, torch::gelu(apply_linear(c_fc, x, weight_grads, kernels), "tanh"), weight_grads,
-      kernels));
+  return dropout_(apply_linear(c_proj,
+                               torch::gelu(apply_linear(c_fc, x, weight_grads, kernels), "tanh"),
+                               weight_grads, kernels));
 }
 
 BlockImpl::BlockImpl(const GPT2Config& config) {
@@ -97,7 +97,7 @@ std::vector<torch::Tensor> add_norm(const torch::Tensor& residual, const torch::
 std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_fused(const torch::Tensor& residual,
                                                                  const torch::Tensor& delta,
                                                                  torch::ScalarType out_type) {
-  const auto first = add_norm(residual, delta, ln_1, out_type);   // {x, ln_1(x)}
+  const auto first = add_norm(residual, delta, ln_1, out_type);            // {x, ln_1(x)}
   const auto second = add_norm(first[0], attn(first[1]), ln_2, out_type);  // {y, ln_2(y)}
   return {second[0], mlp(second[1])};
 }
@@ -168,7 +168,8 @@ class SinkedLookup : public torch::autograd::Function<SinkedLookup> {
     (void)anchor;
     ctx->saved_data["sink"] = c10::IValue::make_capsule(c10::make_intrusive<SinkHolder>(sink));
     ctx->save_for_backward({ids});
-    return weight.index_select(0, ids.reshape({-1})).view({ids.size(0), ids.size(1), weight.size(1)});
+    return weight.index_select(0, ids.reshape({-1}))
+        .view({ids.size(0), ids.size(1), weight.size(1)});
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -178,7 +179,8 @@ class SinkedLookup : public torch::autograd::Function<SinkedLookup> {
     const auto* holder = dynamic_cast<const SinkHolder*>(capsule.get());
     GPT2P_CHECK(holder != nullptr, "embedding backward lost its gradient sink", "this is a bug");
     (*holder->sink)(ids, grads[0]);
-    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};  // one per argument
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};  // one per argument
   }
 };
 
@@ -224,13 +226,10 @@ torch::Tensor GPT2Impl::forward(const torch::Tensor& x) {
 
 torch::ScalarType autocast_type(Precision precision) {
   switch (precision) {
-    case Precision::kBf16:
-      return torch::kBFloat16;
-    case Precision::kFp16:
-      return torch::kHalf;
+    case Precision::kBf16: return torch::kBFloat16;
+    case Precision::kFp16: return torch::kHalf;
     case Precision::kFp32:
-    case Precision::kTf32:
-      break;
+    case Precision::kTf32: break;
   }
   return torch::kFloat32;
 }
@@ -261,8 +260,8 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
                 "cut sequences to at most " << config_.n_ctx << " tokens or use a larger n_ctx");
     const auto pos =
         torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    const auto tokens = sink_ ? SinkedLookup::apply(sink_anchor_, x, wte->weight.detach(), sink_)
-                              : wte(x);
+    const auto tokens =
+        sink_ ? SinkedLookup::apply(sink_anchor_, x, wte->weight.detach(), sink_) : wte(x);
     hidden = drop_(tokens + wpe(pos));
   } else {
     GPT2P_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,

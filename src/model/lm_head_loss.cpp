@@ -107,13 +107,11 @@ HeadResult head_reference(const torch::Tensor& hidden, const torch::Tensor& weig
 // turns it into the weighted gradient in place, and two GEMMs, the weight's accumulating in
 // float32. The [rows, padded] tensor is touched three times instead of about ten.
 HeadResult head_fused(const torch::Tensor& hidden, const torch::Tensor& weight,
-                      const torch::Tensor& labels, const torch::Tensor& weights,
-                      int64_t vocab_size, torch::ScalarType compute, int64_t chunk_rows,
-                      bool grads) {
+                      const torch::Tensor& labels, const torch::Tensor& weights, int64_t vocab_size,
+                      torch::ScalarType compute, int64_t chunk_rows, bool grads) {
   GPT2P_CHECK(hidden.is_cuda() && weight.is_cuda(),
-              "the fused LM head runs on CUDA tensors, got hidden on " << hidden.device()
-                                                                        << " and weight on "
-                                                                        << weight.device(),
+              "the fused LM head runs on CUDA tensors, got hidden on "
+                  << hidden.device() << " and weight on " << weight.device(),
               "pass --kernels reference for the CPU");
   const int64_t n = hidden.size(0), padded = weight.size(0);
   const auto w = weight.to(compute).contiguous();
@@ -176,8 +174,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& labels,
                                const torch::Tensor& weights, int64_t vocab_size,
-                               torch::ScalarType compute, int64_t chunk_rows,
-                               Kernels kernels) {
+                               torch::ScalarType compute, int64_t chunk_rows, Kernels kernels) {
     auto r = head_forward(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
                           /*grads=*/true, kernels);
     ctx->save_for_backward({r.grad_hidden, r.grad_weight});
@@ -188,8 +185,13 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
                                                  torch::autograd::variable_list grad_output) {
     const auto saved = ctx->get_saved_variables();
     const auto& g = grad_output[0];
-    return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+    return {saved[0] * g.to(saved[0].scalar_type()),
+            saved[1] * g.to(saved[1].scalar_type()),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -204,12 +206,11 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Ten
               "linear_cross_entropy: hidden " << hidden.sizes() << " and weight " << weight.sizes()
                                               << " are not [n, C] and [V, C]",
               "pass the flattened final hidden states and the head's weight");
-  GPT2P_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) &&
-                  weights.sizes() == labels.sizes(),
-              "linear_cross_entropy: labels " << labels.sizes() << " and weights "
-                                              << weights.sizes() << " do not match hidden "
-                                              << hidden.sizes(),
-              "pass one label and one weight per row of hidden");
+  GPT2P_CHECK(
+      labels.dim() == 1 && labels.size(0) == hidden.size(0) && weights.sizes() == labels.sizes(),
+      "linear_cross_entropy: labels " << labels.sizes() << " and weights " << weights.sizes()
+                                      << " do not match hidden " << hidden.sizes(),
+      "pass one label and one weight per row of hidden");
   GPT2P_CHECK(vocab_size >= 1 && vocab_size <= weight.size(0) && chunk_rows >= 1,
               "linear_cross_entropy: vocab_size " << vocab_size << " for a weight of "
                                                   << weight.size(0) << " rows, chunk of "
@@ -222,8 +223,8 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Ten
                         /*grads=*/false, kernels)
         .loss;
   }
-  return LinearCrossEntropy::apply(hidden, weight, labels, weights, vocab_size, compute,
-                                   chunk_rows, kernels);
+  return LinearCrossEntropy::apply(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
+                                   kernels);
 }
 
 }  // namespace gpt2p::model

@@ -48,8 +48,7 @@ Kernels resolve_kernels(Kernels requested, const KernelTarget& target) {
   const std::string refusal = fused_refusal(target);
   switch (requested) {
     case Kernels::kReference: return Kernels::kReference;
-    case Kernels::kAuto:
-      return refusal.empty() ? Kernels::kFused : Kernels::kReference;
+    case Kernels::kAuto: return refusal.empty() ? Kernels::kFused : Kernels::kReference;
     case Kernels::kFused: break;
   }
   GPT2P_CHECK(target.built,

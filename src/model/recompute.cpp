@@ -40,7 +40,7 @@ torch::autograd::edge_list edges_of(const std::vector<torch::Tensor>& inputs) {
 // What the forward ran under, for the recompute to run under it again.
 struct ForwardState {
   torch::Device device;
-  std::string rng;  // compat::rng_state(device) just before fn ran
+  std::string rng;             // compat::rng_state(device) just before fn ran
   torch::ScalarType autocast;  // compat::autocast_dtype, kFloat32 when off
 };
 

@@ -51,7 +51,8 @@ LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int
     }
     if (b >= mine.size()) continue;
     std::vector<int64_t> idx(mine.begin() + static_cast<long>(b),
-                             mine.begin() + static_cast<long>(std::min(mine.size(), b + static_cast<size_t>(batch_size))));
+                             mine.begin() + static_cast<long>(std::min(
+                                                mine.size(), b + static_cast<size_t>(batch_size))));
     auto batch = data::make_batch(split, idx, seq_len, special);
     if (batch.target_tokens == 0) continue;
     const auto rows = batch.batch_size;
@@ -89,7 +90,8 @@ std::vector<Translation> translate(const LogitsFn& logits, const data::Split& sp
     std::vector<int64_t> ids;
     for (int32_t t : split.src(i)) ids.push_back(t);
     // Leave room for at least a few generated tokens.
-    if (static_cast<int64_t>(ids.size()) > seq_len / 2) ids.resize(static_cast<size_t>(seq_len / 2));
+    if (static_cast<int64_t>(ids.size()) > seq_len / 2)
+      ids.resize(static_cast<size_t>(seq_len / 2));
     ids.push_back(special.eos_de);
     std::vector<int32_t> generated;
     const int64_t limit = std::min<int64_t>(

@@ -40,22 +40,21 @@ GradBuckets::GradBuckets(const std::vector<torch::Tensor>& params, const BucketO
   bool after_alone = options.alone.defined();
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     if (options.alone.defined() && it->is_same(options.alone)) continue;
-    const bool full = buckets_.empty() ||
-                      round_up(buckets_.back().numel, align) + it->numel() > capacity;
+    const bool full =
+        buckets_.empty() || round_up(buckets_.back().numel, align) + it->numel() > capacity;
     add(*it, full || after_alone);
     after_alone = false;
   }
   const int64_t unit = align * options.parts;
   for (auto& b : buckets_) {
     b.numel = round_up(b.numel, unit);
-    b.flat = torch::zeros({b.numel}, torch::TensorOptions()
-                                         .dtype(options.dtype)
-                                         .device(params.front().device()));
+    b.flat = torch::zeros(
+        {b.numel}, torch::TensorOptions().dtype(options.dtype).device(params.front().device()));
   }
   if (!hooks) return;
   for (size_t s = 0; s < slots_.size(); ++s) {
-    slots_[s].hook = slots_[s].param.register_hook(
-        [this, s](const torch::Tensor& grad) { on_grad(s, grad); });
+    slots_[s].hook =
+        slots_[s].param.register_hook([this, s](const torch::Tensor& grad) { on_grad(s, grad); });
   }
 }
 
@@ -151,8 +150,8 @@ void LookupGrads::add(const torch::Tensor& ids, const torch::Tensor& grad, bool 
   gather_grads_ = cat(grads_);
   const int64_t world = comm_->size();
   ids_all_ = torch::empty({world, gather_ids_.size(0)}, gather_ids_.options());
-  grads_all_ = torch::empty({world, gather_grads_.size(0), gather_grads_.size(1)},
-                            gather_grads_.options());
+  grads_all_ =
+      torch::empty({world, gather_grads_.size(0), gather_grads_.size(1)}, gather_grads_.options());
   ids_work_ = comm_->all_gather_async(gather_ids_, ids_all_);
   grads_work_ = comm_->all_gather_async(gather_grads_, grads_all_);
 }

@@ -1,6 +1,5 @@
 #include "gpt2p/parallel/grad_sync.h"
 
-
 #include <algorithm>
 #include <chrono>
 
@@ -77,8 +76,8 @@ class PerParamSync final : public GradSync {
 // complete.
 class BucketedSync final : public GradSync {
  public:
-  BucketedSync(comm::Communicator* comm, const std::vector<torch::Tensor>& params,
-               double bucket_mb, torch::ScalarType dtype, torch::Tensor tied)
+  BucketedSync(comm::Communicator* comm, const std::vector<torch::Tensor>& params, double bucket_mb,
+               torch::ScalarType dtype, torch::Tensor tied)
       : comm_(comm),
         tied_(std::move(tied)),
         lookups_(comm, dtype),
@@ -187,8 +186,8 @@ SyncTimes sync_times(Clock::time_point first_launch, Clock::time_point backward_
 std::unique_ptr<GradSync> make_no_sync() { return std::make_unique<NoSync>(); }
 
 std::unique_ptr<GradSync> make_grad_sync(GradSyncMode mode, comm::Communicator* comm,
-                                         const std::vector<torch::Tensor>& params,
-                                         double bucket_mb, torch::ScalarType reduce_dtype,
+                                         const std::vector<torch::Tensor>& params, double bucket_mb,
+                                         torch::ScalarType reduce_dtype,
                                          const torch::Tensor& tied_embedding) {
   GPT2P_CHECK(comm != nullptr, "gradient sync '" << name_of(mode) << "' needs a communicator",
               "this is a bug");

@@ -14,8 +14,8 @@ ReplicaGradSync::ReplicaGradSync(const std::vector<model::GPT2>& stages,
     BucketOptions o;
     o.bucket_mb = bucket_mb;
     o.dtype = torch::kFloat32;
-    buckets_.push_back(std::make_unique<GradBuckets>(
-        stages[c]->parameters(), o, [this, c](size_t b) {
+    buckets_.push_back(
+        std::make_unique<GradBuckets>(stages[c]->parameters(), o, [this, c](size_t b) {
           works_[c][b] = replicas_.all_reduce_async(buckets_[c]->flat(b), comm::ReduceOp::kSum);
         }));
     works_[c].resize(buckets_.back()->buckets().size());

@@ -14,7 +14,6 @@
 namespace gpt2p::parallel {
 namespace {
 
-
 // Validation loss through the pipeline, forward only: micro-batches flow stage to stage (this
 // rank's `stages` are rank + c * ranks), the last stage sums the masked CE and broadcasts
 // (sum, count); every rank returns the same value.

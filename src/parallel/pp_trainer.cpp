@@ -18,16 +18,16 @@
 #include "gpt2p/model/flops.h"
 #include "gpt2p/parallel/checkpoint_commit.h"
 #include "gpt2p/parallel/evaluator.h"
+#include "gpt2p/parallel/pipeline_grads.h"
+#include "gpt2p/parallel/pipeline_step.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/stage_split.h"
 #include "gpt2p/parallel/train_common.h"
 #include "gpt2p/parallel/train_data.h"
 #include "gpt2p/parallel/training_loop.h"
-#include "gpt2p/parallel/pipeline_grads.h"
-#include "gpt2p/parallel/pipeline_step.h"
 #include "gpt2p/parallel/zero.h"
-#include "gpt2p/pipeline/runtime/executor.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/executor.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -50,10 +50,12 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
   const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
   if (cfg.zero == 1 && ctx.mesh.dp < 2) {
-    throw cli::UsageError("pp_train --zero 1 shards each stage's optimizer state over its "
-                          "data-parallel replicas, but --dp is " + std::to_string(ctx.mesh.dp) +
-                          " -- fix: pass --dp 2 or more (mpirun -np D*P pp_train --dp D), or drop "
-                          "--zero 1");
+    throw cli::UsageError(
+        "pp_train --zero 1 shards each stage's optimizer state over its "
+        "data-parallel replicas, but --dp is " +
+        std::to_string(ctx.mesh.dp) +
+        " -- fix: pass --dp 2 or more (mpirun -np D*P pp_train --dp D), or drop "
+        "--zero 1");
   }
   const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
@@ -104,7 +106,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     model::GPT2 model(ctx.model_config, range);
     model->reset_parameters(cfg.seed);
     if (!cfg.init_from.empty()) {
-      cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); }, ctx.checkpoint_timeout());
+      cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
+                         ctx.checkpoint_timeout());
     }
     model->to(ctx.device);
     model->set_kernels(ctx.kernels);
@@ -130,10 +133,9 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
             check_resume_position(st, cfg, data.batches_per_epoch());
             if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
           }
-          compat::set_rng_state(ctx.device,
-                                ctx.mesh.dp > 1
-                                    ? rank_rng_state(state, ctx.mesh.dp_rank, ctx.mesh.dp)
-                                    : state.rng_state);
+          compat::set_rng_state(
+              ctx.device, ctx.mesh.dp > 1 ? rank_rng_state(state, ctx.mesh.dp_rank, ctx.mesh.dp)
+                                          : state.rng_state);
         },
         ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
@@ -178,11 +180,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       cfg.zero_bubble
           ? pipeline::make_zero_bubble_schedule(
                 kind, m, n, v,
-                pipeline::zero_bubble_costs(split, static_cast<int>(ctx.model_config.n_layer),
-                                            static_cast<int>(ctx.model_config.n_embd),
-                                            static_cast<int>(cfg.seq_len),
-                                            static_cast<int>(ctx.model_config.padded_vocab_size()),
-                                            loss_share),
+                pipeline::zero_bubble_costs(
+                    split, static_cast<int>(ctx.model_config.n_layer),
+                    static_cast<int>(ctx.model_config.n_embd), static_cast<int>(cfg.seq_len),
+                    static_cast<int>(ctx.model_config.padded_vocab_size()), loss_share),
                 cfg.zb_extra_live)
           : pipeline::make_schedule(kind, m, n, v);
   pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
@@ -218,29 +219,31 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
         "%d micro-batch(es), global batch %lld x %lld tokens\n"
         "  %s split (layers, inclusive): %s\n"
         "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
-        replicas.c_str(), n, v, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        replicas.c_str(), n, v,
+        ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
-        name_string(cfg.schedule).c_str(), m,
-        static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+        name_string(cfg.schedule).c_str(), m, static_cast<long long>(cfg.batch_size),
+        static_cast<long long>(cfg.seq_len),
         cfg.resume.empty() ? name_string(cfg.partition).c_str() : "checkpoint's",
         pipeline::to_string(split).c_str(), name_string(cfg.loss_positions).c_str(),
-        data.target_fraction(),
-        ctx.describe_kernels().c_str());
+        data.target_fraction(), ctx.describe_kernels().c_str());
     if (!costs.empty()) {
-      std::printf("  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
-                  " (= %.2f blocks)\n",
-                  1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
-                  costs[1] > 0 ? costs.back() / costs[1] : 0.0);
+      std::printf(
+          "  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
+          " (= %.2f blocks)\n",
+          1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
+          costs[1] > 0 ? costs.back() / costs[1] : 0.0);
     }
     std::fflush(stdout);
   }
 
   recorder.set_attribute("zero", cfg.zero);
   if (topo.rank == 0 && !zero.empty()) {
-    std::printf("  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
-                "(%.1f MiB unsharded)\n",
-                static_cast<double>(zero.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
-                static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
+    std::printf(
+        "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
+        "(%.1f MiB unsharded)\n",
+        static_cast<double>(zero.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
+        static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
     std::fflush(stdout);
   }
   LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});

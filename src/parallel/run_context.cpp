@@ -12,7 +12,6 @@
 
 #include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
-
 #include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/compat/attention.h"
 #include "gpt2p/compat/device.h"
@@ -100,10 +99,8 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
       timeout);
   Placement p;
   if (!gpu) return p;
-  p.gpus = comm::place_on_gpus(
-      topo, static_cast<int>(torch::cuda::device_count()),
-      compat::gpu_bus_id,
-      timeout);
+  p.gpus = comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()),
+                               compat::gpu_bus_id, timeout);
   p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.gpus.gpu));
   p.backend = cfg.comm == comm::Backend::kMpi ? comm::Backend::kMpi : comm::Backend::kNccl;
   if (p.backend == comm::Backend::kNccl) comm::give_nccl_ranks_own_hosts(p.gpus, topo.rank);
@@ -112,7 +109,8 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
 
 }  // namespace
 
-RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program, const Topology& topo) {
+RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program,
+                            const Topology& topo) {
   std::optional<data::BpeTokenizer> tokenizer;
   Mesh mesh{topo.size, 1, topo.rank, 0};  // dp_train, gpt2_train: every rank a replica
   std::unique_ptr<DirLock> out_lock;
@@ -162,8 +160,8 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     const auto& hosts = roll_call->hosts();
     const auto distinct = std::set<std::string>(hosts.begin(), hosts.end()).size();
     if (distinct > 1) {
-      ctx.comm_description += " across " + std::to_string(distinct) +
-                              " hosts: " + RollCall::describe_placement(hosts);
+      ctx.comm_description +=
+          " across " + std::to_string(distinct) + " hosts: " + RollCall::describe_placement(hosts);
     }
   }
   if (placement.gpus.job_shares) {
@@ -176,7 +174,8 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     compat::set_current_device(ctx.device);
     copts.device = ctx.device;
     if (placement.gpus.host_shares && placement.gpus.lowest_on_host) {
-      std::fprintf(stderr, "note: %s: %s, so timings are functional, not speed figures; start one "
+      std::fprintf(stderr,
+                   "note: %s: %s, so timings are functional, not speed figures; start one "
                    "rank per GPU to measure speed\n",
                    comm::describe_sharing(placement.gpus, topo.host).c_str(),
                    placement.backend == comm::Backend::kNccl
@@ -186,7 +185,8 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   } else {
     // Ranks sharing a node share its cores.
     const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
-    torch::set_num_threads(static_cast<int>(std::max(1U, cores / static_cast<unsigned>(topo.local_size))));
+    torch::set_num_threads(
+        static_cast<int>(std::max(1U, cores / static_cast<unsigned>(topo.local_size))));
   }
   compat::set_strict_fp32(ctx.cfg.precision == model::Precision::kFp32);
   // A pipeline's communicators span its replica's ranks; with --dp > 1 each stage's replicas
@@ -243,10 +243,10 @@ void open_train_data(const RunContext& ctx, int rank, int world, std::optional<T
   const auto& cfg = ctx.cfg;
   cli::on_every_rank(
       [&] {
-        data.emplace(TrainDataOptions{cfg.data, ctx.tokenizer.identity(),
-                                      ctx.tokenizer.vocab_size(), cfg.max_train_pairs,
-                                      cfg.batch_size, cfg.seq_len, cfg.seed},
-                     rank, world);
+        data.emplace(
+            TrainDataOptions{cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(),
+                             cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
+            rank, world);
       },
       ctx.checkpoint_timeout());
 }
@@ -288,26 +288,32 @@ void broadcast_parameters(model::GPT2& model, comm::Communicator& comm) {
 
 void check_replicas(model::GPT2& model, comm::Communicator& comm, const std::string& when,
                     const std::string& fix) {
-  auto mine = torch::tensor({parameter_checksum(model)}, torch::TensorOptions().dtype(torch::kFloat64))
-                  .to(comm.device());
+  auto mine =
+      torch::tensor({parameter_checksum(model)}, torch::TensorOptions().dtype(torch::kFloat64))
+          .to(comm.device());
   auto all = comm.all_gather(mine).cpu();
   for (int r = 0; r < comm.size(); ++r) {
     GPT2P_CHECK(all[r][0].item<double>() == all[0][0].item<double>(),
                 "parameters of rank " << r << " differ from rank 0's " << when << " (checksum "
-                                      << all[r][0].item<double>() << " vs " << all[0][0].item<double>() << ")",
+                                      << all[r][0].item<double>() << " vs "
+                                      << all[0][0].item<double>() << ")",
                 fix);
   }
 }
 
 void init_from(model::GPT2& model, const std::string& dir, bool allow_unverified) {
   namespace fs = std::filesystem;
-  GPT2P_CHECK(fs::is_directory(dir), "--init-from " << dir << " is not a directory",
-              "pass a Hugging Face GPT-2 directory (config.json + model.safetensors) or a checkpoint");
+  GPT2P_CHECK(
+      fs::is_directory(dir), "--init-from " << dir << " is not a directory",
+      "pass a Hugging Face GPT-2 directory (config.json + model.safetensors) or a checkpoint");
   if (model::is_checkpoint_dir(dir)) {
     model::load_checkpoint(dir, *model, nullptr, {allow_unverified});
   } else {
-    GPT2P_CHECK(model::is_hf_dir(dir), "--init-from " << dir << " holds neither our checkpoint (meta.json) "
-                "nor a Hugging Face GPT-2 (config.json + model.safetensors)", "point it at one of those");
+    GPT2P_CHECK(model::is_hf_dir(dir),
+                "--init-from " << dir
+                               << " holds neither our checkpoint (meta.json) "
+                                  "nor a Hugging Face GPT-2 (config.json + model.safetensors)",
+                "point it at one of those");
     model::import_hf(dir, *model);
   }
 }
@@ -334,8 +340,10 @@ torch::Tensor scaled_loss(const torch::Tensor& logits, const torch::Tensor& labe
                           int64_t global_target_tokens, int world) {
   namespace F = torch::nn::functional;
   auto flat = logits.narrow(-1, 0, vocab_size).reshape({-1, vocab_size}).to(torch::kFloat32);
-  auto ce = F::cross_entropy(flat, labels.reshape({-1}), F::CrossEntropyFuncOptions().reduction(torch::kNone));
-  const double scale = static_cast<double>(world) / static_cast<double>(std::max<int64_t>(1, global_target_tokens));
+  auto ce = F::cross_entropy(flat, labels.reshape({-1}),
+                             F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  const double scale =
+      static_cast<double>(world) / static_cast<double>(std::max<int64_t>(1, global_target_tokens));
   return (ce * mask.reshape({-1}).to(torch::kFloat32)).sum() * scale;
 }
 

@@ -11,10 +11,10 @@
 
 namespace gpt2p::parallel {
 
-pipeline::Partition stage_partition(pipeline::PartitionKind partition, const model::GPT2Config& config,
-                                    int n_stages, int64_t seq_len,
-                                    const std::vector<double>& measured_costs,
-                                    int stages_per_rank, double loss_fraction) {
+pipeline::Partition stage_partition(pipeline::PartitionKind partition,
+                                    const model::GPT2Config& config, int n_stages, int64_t seq_len,
+                                    const std::vector<double>& measured_costs, int stages_per_rank,
+                                    double loss_fraction) {
   GPT2P_CHECK(stages_per_rank >= 1 && n_stages % stages_per_rank == 0,
               n_stages << " stages do not split into " << stages_per_rank << " per rank",
               "pass a stage count that is ranks x --stages-per-rank");

@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/profiler.h"
@@ -79,8 +78,7 @@ void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& tot
   const double seconds = rec.end - rec.start;
   const bool known = place.peak_flops > 0 && seconds > 0;
   rec.mfu = known ? rec.flops / seconds / place.peak_flops : nan;
-  const double run_mfu =
-      known ? place.run_flops / seconds / (place.peak_flops * place.ranks) : nan;
+  const double run_mfu = known ? place.run_flops / seconds / (place.peak_flops * place.ranks) : nan;
   recorder.step(rec);
   totals.time += rec.end - rec.start;
   totals.tokens += rec.padded_tokens;
@@ -113,10 +111,9 @@ struct StepProfiler::Impl {
 StepProfiler::StepProfiler(const parallel::TrainConfig& cfg, const torch::Device& device, int rank,
                            int64_t first_step) {
   if (cfg.profile.empty()) return;
-  impl_ = std::make_unique<Impl>(device,
-                                 cfg.profile + "/trace_rank" + std::to_string(rank) + ".json",
-                                 first_step + kProfileSkip,
-                                 first_step + kProfileSkip + cfg.profile_steps, rank == 0);
+  impl_ = std::make_unique<Impl>(
+      device, cfg.profile + "/trace_rank" + std::to_string(rank) + ".json",
+      first_step + kProfileSkip, first_step + kProfileSkip + cfg.profile_steps, rank == 0);
 }
 
 // A run that ends inside the profiled steps (--max-steps, a stop signal, the last epoch) still
@@ -126,10 +123,11 @@ StepProfiler::~StepProfiler() {
   try {
     impl_->profiler.stop(impl_->path);
     if (impl_->prints) {
-      std::printf("profile of steps %lld.. written to %s; the run ended before step %lld, the "
-                  "last one asked for\n",
-                  static_cast<long long>(impl_->begin), impl_->path.c_str(),
-                  static_cast<long long>(impl_->end - 1));
+      std::printf(
+          "profile of steps %lld.. written to %s; the run ended before step %lld, the "
+          "last one asked for\n",
+          static_cast<long long>(impl_->begin), impl_->path.c_str(),
+          static_cast<long long>(impl_->end - 1));
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {
@@ -196,10 +194,11 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
     // The checkpoint is committed all the same: a launcher then reports mpirun's own exit.
     std::fprintf(stderr, "%s: warning: %s\n", program, e.what());
   }
-  std::printf("%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue "
-              "with --resume %s\n",
-              program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(),
-              checkpoint.c_str());
+  std::printf(
+      "%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue "
+      "with --resume %s\n",
+      program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(),
+      checkpoint.c_str());
   std::fflush(stdout);
 }
 
@@ -207,8 +206,7 @@ void check_resume_position(const model::TrainState& state, const TrainConfig& cf
                            int64_t batches_per_epoch) {
   GPT2P_CHECK(state.epoch < cfg.epochs || (state.epoch == cfg.epochs && state.batch_in_epoch == 0),
               "checkpoint " << cfg.resume << " is at epoch " << state.epoch << " (batch "
-                            << state.batch_in_epoch << "), past this run's --epochs "
-                            << cfg.epochs,
+                            << state.batch_in_epoch << "), past this run's --epochs " << cfg.epochs,
               "raise --epochs to continue it, or check that meta.json is the one this run wrote");
   GPT2P_CHECK(state.batch_in_epoch < batches_per_epoch,
               "checkpoint " << cfg.resume << " is at batch " << state.batch_in_epoch
@@ -231,7 +229,8 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
   if (!old.is_object() || !old.contains("tokenizer_identity") ||
       !old.contains("train_fingerprint")) {
     if (rank == 0) {
-      std::fprintf(stderr, "note: %s records no tokenizer or training-data identity (an older "
+      std::fprintf(stderr,
+                   "note: %s records no tokenizer or training-data identity (an older "
                    "version wrote it): the resume's data is not checked against it\n",
                    ck.c_str());
     }
@@ -240,8 +239,7 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
   if (old.contains("tokenizer_identity")) {
     GPT2P_CHECK(old["tokenizer_identity"] == data.tokenizer_identity(),
                 ck << " was trained with tokenizer " << old["tokenizer_identity"].dump()
-                   << ", but --data " << cfg.data << " was made with "
-                   << data.tokenizer_identity(),
+                   << ", but --data " << cfg.data << " was made with " << data.tokenizer_identity(),
                 "resume on the dataset the run trained on (its --data and --vocab-dir)");
   }
   if (old.contains("train_fingerprint")) {
@@ -273,8 +271,8 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
     }
     std::string flag = key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    std::fprintf(stderr, "note: resuming with --%s %s; the checkpoint's run had %s\n",
-                 flag.c_str(), value.dump().c_str(), old[key].dump().c_str());
+    std::fprintf(stderr, "note: resuming with --%s %s; the checkpoint's run had %s\n", flag.c_str(),
+                 value.dump().c_str(), old[key].dump().c_str());
   }
   std::fflush(stderr);
 }
@@ -283,8 +281,10 @@ void clear_stopped(const std::string& out, int rank) {
   const std::string path = out + "/stopped.json";
   // Not fatal on one rank alone: a launcher also checks the file is newer than its launch.
   if (rank == 0 && !remove_tree(path)) {
-    std::fprintf(stderr, "warning: %s: cannot remove the record of an earlier stop: %s -- check "
-                 "the permissions of %s\n", path.c_str(), std::strerror(errno), out.c_str());
+    std::fprintf(stderr,
+                 "warning: %s: cannot remove the record of an earlier stop: %s -- check "
+                 "the permissions of %s\n",
+                 path.c_str(), std::strerror(errno), out.c_str());
     std::fflush(stderr);
   }
 }

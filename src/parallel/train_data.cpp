@@ -1,8 +1,7 @@
 #include "gpt2p/parallel/train_data.h"
 
-#include <cstdio>
-
 #include <algorithm>
+#include <cstdio>
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/fnv1a.h"
@@ -46,8 +45,8 @@ TrainData::TrainData(const TrainDataOptions& o, int rank, int world)
     auto part = data::partition_dataset(r, world, train_pairs_, o.global_batch, o.seed);
     local_batch_ = part.local_batch;
     GPT2P_CHECK(static_cast<int64_t>(part.indices.size()) >= part.local_batch,
-                "rank " << r << " gets " << part.indices.size() << " pairs, fewer than its batch of "
-                        << part.local_batch,
+                "rank " << r << " gets " << part.indices.size()
+                        << " pairs, fewer than its batch of " << part.local_batch,
                 "use fewer ranks, a smaller --batch-size or more --max-train-pairs");
     samplers_.emplace_back(std::move(part.indices), part.local_batch, o.seed + 1 + r);
   }

@@ -49,16 +49,20 @@ std::string help(const char* rest) {
 
 template <class T>
 std::function<void(const T&)> positive(const char* flag) {
-  return allowed<T>(flag, [](T v) { return v > 0; }, "a value > 0");
+  return allowed<T>(
+      flag, [](T v) { return v > 0; }, "a value > 0");
 }
 
 template <class T>
 std::function<void(const T&)> non_negative(const char* flag, const char* range = "a value >= 0") {
-  return allowed<T>(flag, [](T v) { return v >= 0; }, range);
+  return allowed<T>(
+      flag, [](T v) { return v >= 0; }, range);
 }
 
 }  // namespace
 
+// Flag tables: one flag a line, so a diff shows the flag it changes.
+// clang-format off
 void add_train_options(po::options_description& desc, TrainConfig& c, Program program) {
   po::options_description model("Model");
   model.add_options()
@@ -135,6 +139,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
     desc.add(pp);
   }
 }
+// clang-format on
 
 void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) {
   if (c.device == DeviceKind::kAuto) {
@@ -176,11 +181,13 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require(c.precision != model::Precision::kFp16 || gpu,
           "--precision fp16 autocasts on CUDA GPUs only (pass --precision bf16 or fp32 on the "
           "CPU)");
-  require(c.bucket_mb > 0 && std::isfinite(c.bucket_mb), "--bucket-mb must be a positive finite size");
+  require(c.bucket_mb > 0 && std::isfinite(c.bucket_mb),
+          "--bucket-mb must be a positive finite size");
   require(c.zero == 0 || c.zero == 1, "--zero " + std::to_string(c.zero) + ": use 0 or 1");
-  require(c.zero == 0 || program != Program::kDataParallel || c.grad_sync == GradSyncMode::kBucketed,
-          "--zero 1 reduce-scatters gradient buckets: it does not combine with --grad-sync "
-          "per-param (drop one of them)");
+  require(
+      c.zero == 0 || program != Program::kDataParallel || c.grad_sync == GradSyncMode::kBucketed,
+      "--zero 1 reduce-scatters gradient buckets: it does not combine with --grad-sync "
+      "per-param (drop one of them)");
   require(c.zb_extra_live >= -1,
           "--zb-extra-live " + std::to_string(c.zb_extra_live) +
               ": use 0 (the memory of the schedule without --zero-bubble), more, or -1 (no limit)");
@@ -203,27 +210,58 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
-  return {{"preset", c.preset}, {"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
-          {"dropout", c.dropout}, {"data", c.data}, {"vocab_dir", c.vocab_dir}, {"max_train_pairs", c.max_train_pairs},
-          {"max_eval_pairs", c.max_eval_pairs}, {"epochs", c.epochs}, {"max_steps", c.max_steps},
-          {"batch_size", c.batch_size}, {"seq_len", c.seq_len}, {"grad_accum", c.grad_accum},
-          {"lr", c.lr}, {"weight_decay", c.weight_decay}, {"grad_clip", c.grad_clip},
-          {"precision", name_string(c.precision)}, {"loss_scale", name_string(c.loss_scale)},
-          {"loss_scale_init", c.loss_scale_init}, {"loss_scale_window", c.loss_scale_window},
-          {"device", name_string(c.device)}, {"seed", c.seed},
-          {"warmup_epochs", c.warmup_epochs}, {"out", c.out}, {"init_from", c.init_from},
+  return {{"preset", c.preset},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_embd", c.n_embd},
+          {"dropout", c.dropout},
+          {"data", c.data},
+          {"vocab_dir", c.vocab_dir},
+          {"max_train_pairs", c.max_train_pairs},
+          {"max_eval_pairs", c.max_eval_pairs},
+          {"epochs", c.epochs},
+          {"max_steps", c.max_steps},
+          {"batch_size", c.batch_size},
+          {"seq_len", c.seq_len},
+          {"grad_accum", c.grad_accum},
+          {"lr", c.lr},
+          {"weight_decay", c.weight_decay},
+          {"grad_clip", c.grad_clip},
+          {"precision", name_string(c.precision)},
+          {"loss_scale", name_string(c.loss_scale)},
+          {"loss_scale_init", c.loss_scale_init},
+          {"loss_scale_window", c.loss_scale_window},
+          {"device", name_string(c.device)},
+          {"seed", c.seed},
+          {"warmup_epochs", c.warmup_epochs},
+          {"out", c.out},
+          {"init_from", c.init_from},
           {"allow_unverified_checkpoint", c.allow_unverified_checkpoint},
-          {"save_every", c.save_every}, {"resume", c.resume},
-          {"translate_samples", c.translate_samples}, {"grad_sync", name_string(c.grad_sync)},
-          {"bucket_mb", c.bucket_mb}, {"reduce_dtype", name_string(c.reduce_dtype)},
-          {"embedding_sync", name_string(c.embedding_sync)}, {"zero", c.zero},
-          {"recompute", name_string(c.recompute)}, {"loss_positions", name_string(c.loss_positions)}, {"mode", name_string(c.mode)},
-          {"schedule", name_string(c.schedule)}, {"microbatches", c.microbatches}, {"dp", c.dp},
-          {"stages_per_rank", c.stages_per_rank}, {"zero_bubble", c.zero_bubble},
+          {"save_every", c.save_every},
+          {"resume", c.resume},
+          {"translate_samples", c.translate_samples},
+          {"grad_sync", name_string(c.grad_sync)},
+          {"bucket_mb", c.bucket_mb},
+          {"reduce_dtype", name_string(c.reduce_dtype)},
+          {"embedding_sync", name_string(c.embedding_sync)},
+          {"zero", c.zero},
+          {"recompute", name_string(c.recompute)},
+          {"loss_positions", name_string(c.loss_positions)},
+          {"mode", name_string(c.mode)},
+          {"schedule", name_string(c.schedule)},
+          {"microbatches", c.microbatches},
+          {"dp", c.dp},
+          {"stages_per_rank", c.stages_per_rank},
+          {"zero_bubble", c.zero_bubble},
           {"zb_extra_live", c.zb_extra_live},
-          {"partition", name_string(c.partition)}, {"comm_timeout_s", c.comm_timeout_s},
-          {"comm", name_string(c.comm)}, {"overwrite", c.overwrite}, {"kernels", name_string(c.kernels)},
-          {"attention", name_string(c.attention)}, {"profile", c.profile}, {"profile_steps", c.profile_steps}};
+          {"partition", name_string(c.partition)},
+          {"comm_timeout_s", c.comm_timeout_s},
+          {"comm", name_string(c.comm)},
+          {"overwrite", c.overwrite},
+          {"kernels", name_string(c.kernels)},
+          {"attention", name_string(c.attention)},
+          {"profile", c.profile},
+          {"profile_steps", c.profile_steps}};
 }
 
 bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) {
@@ -232,11 +270,12 @@ bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) 
   po::variables_map vm;
   static const char* const kSummary[] = {
       "Single-rank GPT-2 training on German->English pairs (CPU or one GPU).",
-      "Data-parallel GPT-2 training: mpirun -np N dp_train [options]; gradients averaged each step.",
+      "Data-parallel GPT-2 training: mpirun -np N dp_train [options]; gradients averaged each "
+      "step.",
       "Pipeline-parallel GPT-2 training: mpirun -np RANKS pp_train [options] (GPipe, 1F1B or "
       "interleaved 1F1B)."};
   return cli::parse_or_help(program_name(program), kSummary[static_cast<int>(program)], desc, argc,
-                       argv, vm);
+                            argv, vm);
 }
 
 }  // namespace gpt2p::parallel

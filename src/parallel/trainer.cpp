@@ -131,8 +131,7 @@ class DataParallelStep final : public StepStrategy {
                    : 0.0;
     rec.lr = cfg_.lr;
     rec.flops = model::training_flops(
-        ctx_.model_config, 0, ctx_.model_config.num_stage_layers(), rec.padded_tokens,
-        cfg_.seq_len,
+        ctx_.model_config, 0, ctx_.model_config.num_stage_layers(), rec.padded_tokens, cfg_.seq_len,
         positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
     return rec.flops * world_;
   }
@@ -166,19 +165,18 @@ class DataParallelStep final : public StepStrategy {
       compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
       return model_->forward(ids).to(torch::kFloat32);
     };
-    const auto val = validation_loss(logits_fn, data_.dataset().split("validation"),
-                                     cfg_.max_eval_pairs, micro_, cfg_.seq_len, data_.special(),
-                                     vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr,
-                                     stop);
+    const auto val = validation_loss(
+        logits_fn, data_.dataset().split("validation"), cfg_.max_eval_pairs, micro_, cfg_.seq_len,
+        data_.special(), vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr, stop);
     EpochEval out{val.loss, val.perplexity, std::nan(""), val.stopped};
     if (val.stopped) return out;
     const int rank = ctx_.topo.rank;
     if (rank == 0 && cfg_.translate_samples > 0) {
-      const auto samples = translate(logits_fn, data_.dataset().split("test"),
-                                     cfg_.translate_samples, cfg_.seq_len, data_.special(), vocab,
-                                     ctx_.tokenizer, ctx_.device,
-                                     // rank 0 alone: its own signal (the loop then agrees on it)
-                                     [] { return StopSignals::received() != 0; });
+      const auto samples =
+          translate(logits_fn, data_.dataset().split("test"), cfg_.translate_samples, cfg_.seq_len,
+                    data_.special(), vocab, ctx_.tokenizer, ctx_.device,
+                    // rank 0 alone: its own signal (the loop then agrees on it)
+                    [] { return StopSignals::received() != 0; });
       out.bleu = translations_bleu(samples);
       for (const auto& t : samples) {
         std::printf("  de: %s\n  en: %s\n  model: %s\n", t.source.c_str(), t.reference.c_str(),
@@ -226,9 +224,8 @@ class DataParallelStep final : public StepStrategy {
     p.dev = to_device(p.batch.batch, ctx_.device);
     // The head runs only where the loss counts; weights scaled so that averaging gradients over
     // `world` ranks gives the gradient of the global batch's mean (train_data.h).
-    const double scale =
-        static_cast<double>(world_) /
-        static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens));
+    const double scale = static_cast<double>(world_) /
+                         static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens));
     p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg_.grad_accum, scale,
                               positions_);
     p.host_seconds = since(t);
@@ -254,7 +251,8 @@ class DataParallelStep final : public StepStrategy {
 
 }  // namespace
 
-int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program program, const Topology& topo) {
+int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program program,
+                        const Topology& topo) {
   const char* name = program == parallel::Program::kSingle ? "gpt2_train" : "dp_train";
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, program, topo);
@@ -265,13 +263,15 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   const int world = topo.size;
   const int rank = topo.rank;
   if (cfg.zero == 1 && world == 1) {
-    throw cli::UsageError(std::string(name) + " --zero 1 shards the optimizer state over the "
+    throw cli::UsageError(std::string(name) +
+                          " --zero 1 shards the optimizer state over the "
                           "data-parallel ranks, but runs on 1 rank -- fix: start 2 or more "
                           "(mpirun -np N), or drop --zero 1");
   }
-  GPT2P_CHECK(cfg.batch_size % world == 0,
-              "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
-              "pass a global batch that is a multiple of the number of ranks");
+  GPT2P_CHECK(
+      cfg.batch_size % world == 0,
+      "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
+      "pass a global batch that is a multiple of the number of ranks");
 
   std::optional<TrainData> opened;
   open_train_data(ctx, rank, world, opened);
@@ -286,7 +286,8 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   model::GPT2 model(ctx.model_config);
   model->reset_parameters(cfg.seed);
   if (!cfg.init_from.empty()) {
-    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); }, ctx.checkpoint_timeout());
+    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
+                       ctx.checkpoint_timeout());
   }
   model->to(ctx.device);
   model->set_kernels(ctx.kernels);
@@ -312,8 +313,8 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   }
   const auto reduce_dtype =
       cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  const auto tied = cfg.embedding_sync == EmbeddingSync::kSparse ? model->tied_parameter()
-                                                                 : torch::Tensor();
+  const auto tied =
+      cfg.embedding_sync == EmbeddingSync::kSparse ? model->tied_parameter() : torch::Tensor();
   std::unique_ptr<ShardedAdamW> zero;
   if (cfg.zero == 1) {
     ZeroOptions zo;
@@ -336,17 +337,19 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   io::RunRecorder recorder(cfg.out, run_identity(ctx, name),
                            cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   if (rank == 0) {
-    std::printf("%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
-                "sync %s, %s\n",
-                name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
-                model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
-                static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-                zero ? "zero-1" : sync->name().c_str(), ctx.describe_kernels().c_str());
+    std::printf(
+        "%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
+        "sync %s, %s\n",
+        name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
+        static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+        zero ? "zero-1" : sync->name().c_str(), ctx.describe_kernels().c_str());
     if (zero) {
-      std::printf("  ZeRO-1: AdamW state %.1f MiB per rank, sharded over %d ranks (%.1f MiB "
-                  "unsharded)\n",
-                  static_cast<double>(zero->state_bytes()) / (1 << 20), world,
-                  static_cast<double>(zero->unsharded_state_bytes()) / (1 << 20));
+      std::printf(
+          "  ZeRO-1: AdamW state %.1f MiB per rank, sharded over %d ranks (%.1f MiB "
+          "unsharded)\n",
+          static_cast<double>(zero->state_bytes()) / (1 << 20), world,
+          static_cast<double>(zero->unsharded_state_bytes()) / (1 << 20));
     }
     std::fflush(stdout);
   }

@@ -82,8 +82,8 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
       stopped_by = stop_requested(*ctx.control);
       end_epoch_at = epoch;
       end_batch_at = b + 1;
-      if (advance_step(step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); },
-                       stopped_by != 0)) {
+      if (advance_step(
+              step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); }, stopped_by != 0)) {
         strategy.cancel_next();
         if (stopped_by != 0) save(epoch, b + 1);
         done = true;

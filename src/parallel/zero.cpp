@@ -55,8 +55,8 @@ ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, comm::Communicator
     }
     param_flat_.push_back(flat);
     shard_params_.push_back(shard(flat, b));
-    shard_grads_.push_back(torch::zeros({buckets[b].numel / ranks},
-                                        flat.options().dtype(options_.buckets.dtype)));
+    shard_grads_.push_back(
+        torch::zeros({buckets[b].numel / ranks}, flat.options().dtype(options_.buckets.dtype)));
     optimizers_.push_back(std::make_unique<compat::FusedAdamW>(
         std::vector<torch::Tensor>{shard_params_.back()}, options_.adam));
   }
@@ -132,8 +132,10 @@ void ShardedAdamW::collect() {
       const int64_t lo = std::max(slot.offset, r * n);
       const int64_t hi = std::min(slot.offset + tied.numel(), (r + 1) * n);
       if (lo < hi) {
-        shard_params_[slot.bucket].mutable_grad().narrow(0, lo - r * n, hi - lo).add_(
-            part.narrow(0, lo - slot.offset, hi - lo), scale);
+        shard_params_[slot.bucket]
+            .mutable_grad()
+            .narrow(0, lo - r * n, hi - lo)
+            .add_(part.narrow(0, lo - slot.offset, hi - lo), scale);
       }
     }
   }
@@ -147,9 +149,9 @@ torch::Tensor ShardedAdamW::shard_sq_norm(const torch::Tensor& uncounted) {
   const auto& slots = buckets_->slots();
   for (size_t b = 0; b < shard_params_.size(); ++b) {
     const auto& members = buckets_->buckets()[b].slots;
-    if (uncounted.defined() &&
-        std::any_of(members.begin(), members.end(),
-                    [&](size_t s) { return slots[s].param.is_same(uncounted); })) {
+    if (uncounted.defined() && std::any_of(members.begin(), members.end(), [&](size_t s) {
+          return slots[s].param.is_same(uncounted);
+        })) {
       GPT2P_CHECK(members.size() == 1,
                   "--zero 1: the weight left out of the norm shares its bucket",
                   "this is a bug: bucket the tied weight alone (BucketOptions::alone)");
@@ -244,17 +246,17 @@ void ShardedAdamW::load_state(torch::optim::Optimizer& full) {
       const auto& p = buckets_->slots()[s].param;
       const auto* st = compat::adamw_state(full, p);
       if (st == nullptr) continue;
-      GPT2P_CHECK(step < 0 || st->step() == step,
-                  "the optimizer state to shard has parameters at steps " << step << " and "
-                                                                          << st->step(),
-                  "resume from a checkpoint written by one run");
+      GPT2P_CHECK(
+          step < 0 || st->step() == step,
+          "the optimizer state to shard has parameters at steps " << step << " and " << st->step(),
+          "resume from a checkpoint written by one run");
       step = st->step();
       buckets_->view(exp_avg, s).copy_(st->exp_avg());
       buckets_->view(exp_avg_sq, s).copy_(st->exp_avg_sq());
     }
     if (step < 0) continue;
-    compat::set_adamw_state(*optimizers_[b], shard_params_[b], step,
-                            shard(exp_avg, b).clone(), shard(exp_avg_sq, b).clone());
+    compat::set_adamw_state(*optimizers_[b], shard_params_[b], step, shard(exp_avg, b).clone(),
+                            shard(exp_avg_sq, b).clone());
   }
 }
 
@@ -284,7 +286,8 @@ torch::Tensor clip_sharded_grad_norm(const std::vector<ShardedAdamW*>& shards,
   GPT2P_CHECK(!shards.empty(), "no sharded gradients to clip", "this is a bug");
   torch::Tensor sq;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const auto part = shards[i]->shard_sq_norm(i < uncounted.size() ? uncounted[i] : torch::Tensor());
+    const auto part =
+        shards[i]->shard_sq_norm(i < uncounted.size() ? uncounted[i] : torch::Tensor());
     sq = sq.defined() ? sq + part : part;
   }
   sq = sq.reshape({1});

@@ -20,8 +20,8 @@
 // hangs or allocates without bound on some files whose bytes were changed after it wrote them:
 // from_image cannot prevent that (open turns it into an error line), so such a failure (inside
 // libhdf5, on memory the project did not allocate or that was already freed, on a byte-corrupted
-// file) is printed and counted as a "libhdf5 crash", not as a finding, unless --strict-hdf5. Any failure on a file that HDF5 wrote
-// itself, and any on memory of the project's, is a finding.
+// file) is printed and counted as a "libhdf5 crash", not as a finding, unless --strict-hdf5. Any
+// failure on a file that HDF5 wrote itself, and any on memory of the project's, is a finding.
 //
 //   fuzz_parsers --seconds 60                        # random seed, printed
 //   fuzz_parsers --seed 7 --iterations 20000         # the same run again
@@ -52,8 +52,8 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -73,8 +73,9 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
-extern "C" int __sanitizer_install_malloc_and_free_hooks(
-    void (*malloc_hook)(const volatile void*, size_t), void (*free_hook)(const volatile void*));
+extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*,
+                                                                             size_t),
+                                                         void (*free_hook)(const volatile void*));
 #define FUZZ_WITH_ASAN 1
 #else
 #define FUZZ_WITH_ASAN 0
@@ -199,7 +200,8 @@ struct RawText {  // appends without allocating
 void print_summary() {
   timespec now{};
   ::clock_gettime(CLOCK_MONOTONIC, &now);
-  const int64_t tenths = (now.tv_sec - g_start.tv_sec) * 10 + (now.tv_nsec - g_start.tv_nsec) / 100000000;
+  const int64_t tenths =
+      (now.tv_sec - g_start.tv_sec) * 10 + (now.tv_nsec - g_start.tv_nsec) / 100000000;
   RawText t;
   t.add("fuzz_parsers: seed ");
   t.add(g_seed);
@@ -254,7 +256,7 @@ void report_crash_and_save(const char* what) {
 }
 
 bool g_in_child_flag = false;  // set in a child of run_in_child: its parent reports
-char g_tmp_raw[4096] = "";      // this process's temporary directory, for remove_tree_raw
+char g_tmp_raw[4096] = "";     // this process's temporary directory, for remove_tree_raw
 
 // Removes a directory tree with plain system calls: the run is ending in a signal handler or a
 // sanitizer's death callback, where the parser may have left the heap in any state.
@@ -362,17 +364,48 @@ std::string le64(uint64_t v) {
 }
 
 const std::vector<uint64_t>& interesting_u64() {
-  static const std::vector<uint64_t> v = {
-      0, 1, 2, 7, 8, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x10000, 0x7fffffff, 0x80000000, 0xffffffff,
-      0x100000000ULL, 0x7fffffffffffffffULL, 0x8000000000000000ULL, 0xfffffffffffffff8ULL,
-      0xffffffffffffffffULL};
+  static const std::vector<uint64_t> v = {0,
+                                          1,
+                                          2,
+                                          7,
+                                          8,
+                                          0x7f,
+                                          0x80,
+                                          0xff,
+                                          0x100,
+                                          0xffff,
+                                          0x10000,
+                                          0x7fffffff,
+                                          0x80000000,
+                                          0xffffffff,
+                                          0x100000000ULL,
+                                          0x7fffffffffffffffULL,
+                                          0x8000000000000000ULL,
+                                          0xfffffffffffffff8ULL,
+                                          0xffffffffffffffffULL};
   return v;
 }
 
 const std::vector<int64_t>& interesting_i64() {
-  static const std::vector<int64_t> v = {
-      0, 1, -1, 2, 3, -2, 255, 256, 50256, 50260, INT32_MAX, int64_t{INT32_MAX} + 1, INT32_MIN,
-      int64_t{INT32_MIN} - 1, int64_t{1} << 40, INT64_MAX, INT64_MAX - 1, INT64_MIN, INT64_MIN + 1};
+  static const std::vector<int64_t> v = {0,
+                                         1,
+                                         -1,
+                                         2,
+                                         3,
+                                         -2,
+                                         255,
+                                         256,
+                                         50256,
+                                         50260,
+                                         INT32_MAX,
+                                         int64_t{INT32_MAX} + 1,
+                                         INT32_MIN,
+                                         int64_t{INT32_MIN} - 1,
+                                         int64_t{1} << 40,
+                                         INT64_MAX,
+                                         INT64_MAX - 1,
+                                         INT64_MIN,
+                                         INT64_MIN + 1};
   return v;
 }
 
@@ -393,10 +426,14 @@ std::string deep_nesting(Rng& r) {
   if (chance(r, 0.5)) {  // balanced, so that only the depth is wrong
     s += "1";
     for (size_t i = depth; i-- > 0;) {
-      if (open == "[" || open == " [ ") s += "]";
-      else if (open == "{\"a\":") s += "}";
-      else if (open == "[{\"a\":") s += "}]";
-      else s += "]}";
+      if (open == "[" || open == " [ ")
+        s += "]";
+      else if (open == "{\"a\":")
+        s += "}";
+      else if (open == "[{\"a\":")
+        s += "}]";
+      else
+        s += "]}";
     }
   }
   return s;
@@ -404,24 +441,113 @@ std::string deep_nesting(Rng& r) {
 
 const std::vector<std::string>& json_tokens() {
   static const std::vector<std::string> v = {
-      "1e308", "-1e308", "1e309", "-1", "0", "-0", "1.5", "4.9e-324", "18446744073709551615",
-      "18446744073709551616", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
-      "-9223372036854775809", "4294967296", "2147483648", "99999999999999999999999999999999",
-      "1E+2", "0.0000001e-400", "null", "true", "false", "\"\"", "\"F32\"", "\"I8\"", "{}", "[]",
-      "[-1]", "[1e308]", "[18446744073709551615,0]", ",", ":", "\"", "\\", "\\u0000", "\\ud800",
-      "\\udfff\\ud800", "\xff", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82",
-      "{\"a\":", "[[[[", "]]]]", "}}}}", "{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}",
-      "\"shape\":[-1]", "\"data_offsets\":[0,18446744073709551615]", "\"__metadata__\":",
-      "\"translation\":", "\"ids\":[", "\n", "\r\n", "\t", " ", std::string(1, '\0'), "Ġ", "<|endoftext|>"};
+      "1e308",
+      "-1e308",
+      "1e309",
+      "-1",
+      "0",
+      "-0",
+      "1.5",
+      "4.9e-324",
+      "18446744073709551615",
+      "18446744073709551616",
+      "9223372036854775807",
+      "9223372036854775808",
+      "-9223372036854775808",
+      "-9223372036854775809",
+      "4294967296",
+      "2147483648",
+      "99999999999999999999999999999999",
+      "1E+2",
+      "0.0000001e-400",
+      "null",
+      "true",
+      "false",
+      "\"\"",
+      "\"F32\"",
+      "\"I8\"",
+      "{}",
+      "[]",
+      "[-1]",
+      "[1e308]",
+      "[18446744073709551615,0]",
+      ",",
+      ":",
+      "\"",
+      "\\",
+      "\\u0000",
+      "\\ud800",
+      "\\udfff\\ud800",
+      "\xff",
+      "\xc0\x80",
+      "\xed\xa0\x80",
+      "\xf4\x90\x80\x80",
+      "\xe2\x82",
+      "{\"a\":",
+      "[[[[",
+      "]]]]",
+      "}}}}",
+      "{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}",
+      "\"shape\":[-1]",
+      "\"data_offsets\":[0,18446744073709551615]",
+      "\"__metadata__\":",
+      "\"translation\":",
+      "\"ids\":[",
+      "\n",
+      "\r\n",
+      "\t",
+      " ",
+      std::string(1, '\0'),
+      "Ġ",
+      "<|endoftext|>"};
   return v;
 }
 
 const std::vector<std::string>& text_tokens() {
-  static const std::vector<std::string> v = {
-      " :: ", " | ", "; ", " ", "\n", "\r\n", "\r", "#", "{", "}", "[", "]", "(", ")", "<", ">",
-      "/", "~", "{m}", "[ugs.]", "(x)", "<y>", "/Abk./", "~ref", ".", "!", "?", "\"", "\xc2\xa0",
-      "\xff", "\xc0", "\xe2\x82", "\xed\xa0\x80", std::string(1, '\0'), "#version: 0.2", "Ġ", "Ġt", "h e", "a",
-      "ÄÖÜß", "日本", "  ", "::", "||"};
+  static const std::vector<std::string> v = {" :: ",
+                                             " | ",
+                                             "; ",
+                                             " ",
+                                             "\n",
+                                             "\r\n",
+                                             "\r",
+                                             "#",
+                                             "{",
+                                             "}",
+                                             "[",
+                                             "]",
+                                             "(",
+                                             ")",
+                                             "<",
+                                             ">",
+                                             "/",
+                                             "~",
+                                             "{m}",
+                                             "[ugs.]",
+                                             "(x)",
+                                             "<y>",
+                                             "/Abk./",
+                                             "~ref",
+                                             ".",
+                                             "!",
+                                             "?",
+                                             "\"",
+                                             "\xc2\xa0",
+                                             "\xff",
+                                             "\xc0",
+                                             "\xe2\x82",
+                                             "\xed\xa0\x80",
+                                             std::string(1, '\0'),
+                                             "#version: 0.2",
+                                             "Ġ",
+                                             "Ġt",
+                                             "h e",
+                                             "a",
+                                             "ÄÖÜß",
+                                             "日本",
+                                             "  ",
+                                             "::",
+                                             "||"};
   return v;
 }
 
@@ -515,8 +641,9 @@ json interesting_json(Rng& r) {
     case 7: return 0.5;
     case 8: return -0.0;
     case 9: return "";
-    case 10: return pick(r, std::vector<std::string>{"F32", "F16", "BF16", "F64", "I64", "I8",
-                                                      "U8", "BOOL", "F8_E4M3", "f32", "F32 "});
+    case 10:
+      return pick(r, std::vector<std::string>{"F32", "F16", "BF16", "F64", "I64", "I8", "U8",
+                                              "BOOL", "F8_E4M3", "f32", "F32 "});
     case 11: return std::string(std::string("a\0b", 3));
     case 12: return std::string(1000 + below(r, 20000), 'x');
     case 13: return nullptr;
@@ -529,7 +656,8 @@ json interesting_json(Rng& r) {
     case 20: {
       json a = json::array();
       const size_t n = 1 + below(r, 12);
-      for (size_t i = 0; i < n; ++i) a.push_back(chance(r, 0.7) ? json(below(r, 6)) : json(pick(r, interesting_i64())));
+      for (size_t i = 0; i < n; ++i)
+        a.push_back(chance(r, 0.7) ? json(below(r, 6)) : json(pick(r, interesting_i64())));
       return a;
     }
     case 21: {  // nesting around the limit (built as a value; dumping it recurses that deep)
@@ -577,25 +705,30 @@ void mutate_json(json& root, Rng& r, int n_ops) {
           const std::string key = it.key();
           json value = *it;
           node.erase(key);
-          if (chance(r, 0.5)) node[key + pick(r, std::vector<std::string>{"x", "", " ", "_"})] = value;
-          else if (chance(r, 0.3)) node[""] = value;
+          if (chance(r, 0.5))
+            node[key + pick(r, std::vector<std::string>{"x", "", " ", "_"})] = value;
+          else if (chance(r, 0.3))
+            node[""] = value;
         } else if (node.is_object()) {
           node["a"] = interesting_json(r);
         }
         break;
       case 3:
         if (node.is_object()) {
-          static const std::vector<std::string> keys = {"dtype", "shape", "data_offsets",
-                                                        "__metadata__", "translation", "de", "en",
-                                                        "ids", "vocab_size", "n_layer", "x"};
+          static const std::vector<std::string> keys = {
+              "dtype", "shape", "data_offsets", "__metadata__", "translation",
+              "de",    "en",    "ids",          "vocab_size",   "n_layer",
+              "x"};
           node[pick(r, keys)] = interesting_json(r);
         }
         break;
       case 4:
         if (node.is_array() && !node.empty()) {
           const size_t i = below(r, node.size());
-          if (chance(r, 0.5)) node.erase(i);
-          else node.push_back(json(node[i]));
+          if (chance(r, 0.5))
+            node.erase(i);
+          else
+            node.push_back(json(node[i]));
         } else if (node.is_array()) {
           node.push_back(interesting_json(r));
         }
@@ -647,15 +780,16 @@ json seed_meta() {
 // A small byte-level BPE vocabulary: the 256 byte characters, a few merges, <|endoftext|>.
 const std::vector<std::pair<std::string, std::string>>& seed_merges() {
   static const std::vector<std::pair<std::string, std::string>> m = {
-      {"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"}, {"Ġ", "a"}, {"e", "r"},
-      {"l", "l"}, {"o", "r"}, {"Ġ", "w"}, {"Ġw", "or"}, {"H", "e"}, {"He", "ll"}};
+      {"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"},   {"Ġ", "a"}, {"e", "r"},
+      {"l", "l"}, {"o", "r"}, {"Ġ", "w"},   {"Ġw", "or"}, {"H", "e"}, {"He", "ll"}};
   return m;
 }
 
 json seed_encoder() {
   json enc = json::object();
   int32_t id = 0;
-  for (int b = 0; b < 256; ++b) enc[gpt2p::data::bytes_to_token(std::string(1, static_cast<char>(b)))] = id++;
+  for (int b = 0; b < 256; ++b)
+    enc[gpt2p::data::bytes_to_token(std::string(1, static_cast<char>(b)))] = id++;
   for (const auto& [a, b] : seed_merges()) enc[a + b] = id++;
   enc["<|endoftext|>"] = id++;
   return enc;
@@ -709,7 +843,8 @@ std::string make_safetensors(Rng& r) {
 std::string make_jsonl_lines(Rng& r, bool ids) {
   std::vector<json> rows;
   if (ids) {
-    rows = {json{{"ids", {15496, 995}}}, json{{"ids", {1, 2, 3, 50256}}}, json{{"ids", json::array()}}};
+    rows = {json{{"ids", {15496, 995}}}, json{{"ids", {1, 2, 3, 50256}}},
+            json{{"ids", json::array()}}};
   } else {
     rows = {json{{"translation", {{"de", "Hallo Welt."}, {"en", "Hello world."}}}},
             json{{"translation", {{"de", "Guten\u00a0Morgen "}, {"en", " Good\tmorning"}}}},
@@ -829,7 +964,7 @@ void put_ints(H5::Group& g, const char* name, const std::vector<int64_t>& v, boo
   const uint64_t k = chance(r, 0.8) ? 99 : below(r, 7);
   if (k == 0) return;
   hsize_t dims[2] = {v.size(), 1};
-  H5::DataSpace space = k == 1 ? H5::DataSpace(H5S_SCALAR)
+  H5::DataSpace space = k == 1   ? H5::DataSpace(H5S_SCALAR)
                         : k == 2 ? H5::DataSpace(H5S_NULL)
                         : k == 3 ? H5::DataSpace(2, dims)
                                  : H5::DataSpace(1, dims);
@@ -869,8 +1004,8 @@ void put_strings(H5::Group& g, const char* name, const std::vector<std::string>&
     if (!v.empty()) ds.write(buf.data(), fixed);
     return;
   }
-  H5::DataSet ds = g.createDataSet(name, vlen_str(), k == 3 ? H5::DataSpace(2, dims)
-                                                            : H5::DataSpace(1, dims));
+  H5::DataSet ds =
+      g.createDataSet(name, vlen_str(), k == 3 ? H5::DataSpace(2, dims) : H5::DataSpace(1, dims));
   std::vector<const char*> p;
   for (const auto& s : v) p.push_back(s.c_str());
   if (k == 4 && !p.empty()) p[below(r, p.size())] = nullptr;
@@ -889,7 +1024,9 @@ void make_h5_variant(const std::string& path, Rng& r) {
   put_attr(file, "eos_de_id", false, "", maybe(50257), r);
   put_attr(file, "eos_en_id", false, "", maybe(50258), r);
   put_attr(file, "pad_id", false, "", maybe(50259), r);
-  put_attr(file, "source", true, chance(r, 0.2) ? std::string("fuzz \xff\xfe\0variant", 15) : std::string("fuzz variant"), 0, r);
+  put_attr(file, "source", true,
+           chance(r, 0.2) ? std::string("fuzz \xff\xfe\0variant", 15) : std::string("fuzz variant"),
+           0, r);
   put_attr(file, "created", true, "2024-01-01T00:00:00Z", 0, r);
   for (const auto& name : gpt2p::data::split_names()) {
     const uint64_t k = chance(r, 0.9) ? 99 : below(r, 2);
@@ -908,7 +1045,8 @@ void make_h5_variant(const std::string& path, Rng& r) {
     const size_t n = below(r, 5);
     for (size_t i = 0; i < n; ++i) {
       const size_t src = below(r, 4), tgt = below(r, 4);
-      for (size_t t = 0; t < src + tgt; ++t) tokens.push_back(static_cast<int64_t>(below(r, 50260)));
+      for (size_t t = 0; t < src + tgt; ++t)
+        tokens.push_back(static_cast<int64_t>(below(r, 50260)));
       offsets.push_back(static_cast<int64_t>(tokens.size()));
       src_lengths.push_back(static_cast<int64_t>(src));
       de.push_back("de " + std::to_string(i));
@@ -925,7 +1063,8 @@ void make_h5_variant(const std::string& path, Rng& r) {
         case 1:
           if (!v.empty()) {  // wrapping, as the file's bytes would
             int64_t& x = v[below(r, v.size())];
-            x = static_cast<int64_t>(static_cast<uint64_t>(x) + (chance(r, 0.5) ? 1 : ~uint64_t{0}));
+            x = static_cast<int64_t>(static_cast<uint64_t>(x) +
+                                     (chance(r, 0.5) ? 1 : ~uint64_t{0}));
           }
           break;
         case 2:
@@ -1021,7 +1160,8 @@ std::string make_json_text(Rng& r) {
       const std::string st = make_safetensors(r);
       if (st.size() < 8) return st;
       uint64_t n = 0;
-      for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(st[static_cast<size_t>(i)]);
+      for (int i = 7; i >= 0; --i)
+        n = (n << 8) | static_cast<unsigned char>(st[static_cast<size_t>(i)]);
       return st.substr(8, std::min<uint64_t>(n, st.size() - 8));
     }
     case 4: return make_jsonl_lines(r, chance(r, 0.5));
@@ -1067,8 +1207,8 @@ Target json_target() {
           [](const Input& in, uint64_t) {
             json v;
             try {
-              v = gpt2p::io::parse_json(file_bytes(in, "input.json"), "fuzz input",
-                                        "fix the input", json_limit(in.knob));
+              v = gpt2p::io::parse_json(file_bytes(in, "input.json"), "fuzz input", "fix the input",
+                                        json_limit(in.knob));
             } catch (const gpt2p::Error&) {
               return Outcome::kRejected;
             }
@@ -1097,7 +1237,8 @@ Target json_file_target() {
                   path = dir + "/zero.json";
                   break;
                 case 2:
-                  if (::mkfifo((dir + "/fifo.json").c_str(), 0644) != 0) throw HarnessError("mkfifo");
+                  if (::mkfifo((dir + "/fifo.json").c_str(), 0644) != 0)
+                    throw HarnessError("mkfifo");
                   path = dir + "/fifo.json";
                   break;
                 case 3: path = dir + "/missing.json"; break;
@@ -1153,7 +1294,8 @@ Target safetensors_target() {
               }
               check(e.begin <= e.end && e.end <= h.data_size && e.end - e.begin == nbytes,
                     "tensor '" + e.name + "' [" + std::to_string(e.begin) + ", " +
-                        std::to_string(e.end) + ") does not hold its bytes inside the data section");
+                        std::to_string(e.end) +
+                        ") does not hold its bytes inside the data section");
               // What model/safetensors.cpp then does: allocate and copy.
               std::vector<char> tensor(e.end - e.begin);
               if (!tensor.empty()) {
@@ -1195,16 +1337,21 @@ Target bpe_target() {
             }
             cleanup(dir);
             // Use it: text that is valid UTF-8 decodes back to itself.
-            static const std::vector<std::string> texts = {
-                "Hello world", " the weather in Hell", "ÄÖÜ ß 日本語 🙂", "  \n\t x", "",
-                "Ġthe <|endoftext|> end", "123 456'll 've"};
+            static const std::vector<std::string> texts = {"Hello world",
+                                                           " the weather in Hell",
+                                                           "ÄÖÜ ß 日本語 🙂",
+                                                           "  \n\t x",
+                                                           "",
+                                                           "Ġthe <|endoftext|> end",
+                                                           "123 456'll 've"};
             for (const auto& t : texts) {
               try {
                 const auto ids = tok->encode(t);
                 check(tok->decode(ids) == t, "decode(encode(\"" + t + "\")) differs from the text");
                 (void)tok->encode_with_specials(t);
               } catch (const gpt2p::Error&) {
-                // The merges may name tokens the vocabulary lacks: a clear error is the right answer.
+                // The merges may name tokens the vocabulary lacks: a clear error is the right
+                // answer.
               }
             }
             try {
@@ -1392,8 +1539,10 @@ Target hdf5_target() {
                 const auto tgt = s.tgt(i);
                 check(tgt.size() <= s.tokens().size() && src.size() <= s.tokens().size(),
                       name + " example " + std::to_string(i) + " has more tokens than the split");
-                for (const int32_t id : src) check(id >= 0 && id < vocab, "source id outside the vocabulary");
-                for (const int32_t id : tgt) check(id >= 0 && id < vocab, "target id outside the vocabulary");
+                for (const int32_t id : src)
+                  check(id >= 0 && id < vocab, "source id outside the vocabulary");
+                for (const int32_t id : tgt)
+                  check(id >= 0 && id < vocab, "target id outside the vocabulary");
                 (void)s.text_de(i).size();
                 (void)s.text_en(i).size();
               }
@@ -1435,14 +1584,16 @@ RunResult run_in_process(const Target& target, const Input& input, uint64_t iter
   ::alarm(timeout);
   try {
     res.kind = target.run(input, iteration) == Outcome::kAccepted ? RunResult::kAccepted
-                                                                   : RunResult::kRejected;
+                                                                  : RunResult::kRejected;
   } catch (const Violation& v) {
-    res = {RunResult::kFinding, std::string("accepted an input that breaks an invariant: ") + v.what()};
+    res = {RunResult::kFinding,
+           std::string("accepted an input that breaks an invariant: ") + v.what()};
   } catch (const HarnessError&) {
     ::alarm(0);
     throw;
   } catch (const std::exception& e) {
-    res = {RunResult::kFinding, current_exception_type() + " escaped (not gpt2p::Error): " + e.what()};
+    res = {RunResult::kFinding,
+           current_exception_type() + " escaped (not gpt2p::Error): " + e.what()};
   } catch (...) {
     res = {RunResult::kFinding,
            current_exception_type() + " escaped (not gpt2p::Error, not std::exception)"};
@@ -1470,8 +1621,8 @@ std::string first_own_frame(const std::string& report) {
         line.find("__interceptor_") != std::string::npos ||
         line.find("libasan") != std::string::npos || line.find("libubsan") != std::string::npos ||
         line.find("__sanitizer_print_stack_trace") != std::string::npos ||
-        line.find("malloc_hook") != std::string::npos || line.find("on_alarm") != std::string::npos ||
-        line.find("libc.so") != std::string::npos) {
+        line.find("malloc_hook") != std::string::npos ||
+        line.find("on_alarm") != std::string::npos || line.find("libc.so") != std::string::npos) {
       continue;
     }
     return line.substr(hash);
@@ -1567,7 +1718,8 @@ RunResult run_in_child(const Target& target, const Input& input, uint64_t iterat
       for (int k = 0; k < 6 && std::getline(frames, line) && line.find('#') != std::string::npos;
            ++k) {
         if (line.find("libsanitizer") != std::string::npos) continue;  // ../../src/libsanitizer
-        if (line.find("gpt2p::") != std::string::npos || line.find("../src/") != std::string::npos ||
+        if (line.find("gpt2p::") != std::string::npos ||
+            line.find("../src/") != std::string::npos ||
             line.find("../tests/") != std::string::npos) {
           projects_memory = true;
         }
@@ -1585,15 +1737,16 @@ RunResult run_in_child(const Target& target, const Input& input, uint64_t iterat
 }
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "fuzz_parsers: %s\n"
-               "usage: fuzz_parsers [--seconds S] [--iterations N] [--seed S] [--iteration I]\n"
-               "                    [--parsers json,json_file,safetensors,bpe,jsonl,parallel,ding,hdf5]\n"
-               "                    [--findings-dir DIR] [--max-findings K] [--timeout S]\n"
-               "                    [--max-alloc-mb M] [--isolate-all] [--strict-hdf5] [--verbose]\n"
-               "       fuzz_parsers --replay PARSER DIR   (a saved finding's directory)\n"
-               "The seed may also come from FUZZ_SEED; without either it is random (printed).\n",
-               problem.c_str());
+  std::fprintf(
+      stderr,
+      "fuzz_parsers: %s\n"
+      "usage: fuzz_parsers [--seconds S] [--iterations N] [--seed S] [--iteration I]\n"
+      "                    [--parsers json,json_file,safetensors,bpe,jsonl,parallel,ding,hdf5]\n"
+      "                    [--findings-dir DIR] [--max-findings K] [--timeout S]\n"
+      "                    [--max-alloc-mb M] [--isolate-all] [--strict-hdf5] [--verbose]\n"
+      "       fuzz_parsers --replay PARSER DIR   (a saved finding's directory)\n"
+      "The seed may also come from FUZZ_SEED; without either it is random (printed).\n",
+      problem.c_str());
   std::exit(2);
 }
 
@@ -1688,7 +1841,8 @@ int main(int argc, char** argv) {
       usage("unknown argument '" + a + "'");
     }
   }
-  if (!have_seed) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  if (!have_seed)
+    seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 
   H5::Exception::dontPrint();
   const char* tmp_root = std::getenv("TMPDIR");
@@ -1719,7 +1873,8 @@ int main(int argc, char** argv) {
     write_whole(g_tmp + "/vocab/encoder.json", enc.dump());
     write_whole(g_tmp + "/vocab/vocab.bpe", seed_merges_text());
     const auto tok = BpeTokenizer::from_dir(g_tmp + "/vocab");
-    if (tok.decode(tok.encode("Hello world")) != "Hello world") throw HarnessError("seed vocabulary");
+    if (tok.decode(tok.encode("Hello world")) != "Hello world")
+      throw HarnessError("seed vocabulary");
     fs::remove_all(g_tmp + "/vocab");
     write_whole(g_tmp + "/de-en", kDingSeed);
     if (gpt2p::data::read_ding(g_tmp + "/de-en", {}).empty()) throw HarnessError("Ding seed");
@@ -1729,13 +1884,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::vector<Target> targets = {json_target(),  json_file_target(), safetensors_target(),
-                                 bpe_target(),   jsonl_target(),     parallel_target(),
-                                 ding_target(),  hdf5_target()};
+  std::vector<Target> targets = {json_target(), json_file_target(), safetensors_target(),
+                                 bpe_target(),  jsonl_target(),     parallel_target(),
+                                 ding_target(), hdf5_target()};
   if (!only_parsers.empty()) {
     std::vector<Target> chosen;
     for (auto& t : targets) {
-      if (only_parsers.find("," + std::string(t.name) + ",") != std::string::npos) chosen.push_back(t);
+      if (only_parsers.find("," + std::string(t.name) + ",") != std::string::npos)
+        chosen.push_back(t);
     }
     if (chosen.empty()) usage("--parsers names none of the parsers");
     targets = chosen;
@@ -1773,7 +1929,8 @@ int main(int argc, char** argv) {
   } else if (one_iteration) {
     mode << "iteration " << only_iteration;
   } else {
-    if (max_iterations != std::numeric_limits<uint64_t>::max()) mode << max_iterations << " iterations";
+    if (max_iterations != std::numeric_limits<uint64_t>::max())
+      mode << max_iterations << " iterations";
     if (timed) mode << (mode.tellp() > 0 ? " or " : "") << seconds << " s";
   }
   const std::string parsers_flag =
@@ -1840,8 +1997,7 @@ int main(int argc, char** argv) {
       case RunResult::kAccepted: ++c.accepted; break;
       case RunResult::kThirdParty:
         ++c.third_party;
-        std::fprintf(stderr,
-                     "fuzz_parsers: libhdf5 crashed on a byte-corrupted file (%s) %s%s\n",
+        std::fprintf(stderr, "fuzz_parsers: libhdf5 crashed on a byte-corrupted file (%s) %s%s\n",
                      res.problem.c_str(), g_replay_line,
                      strict_hdf5 ? "" : "; not counted as a finding (--strict-hdf5 counts it)");
         if (strict_hdf5) {

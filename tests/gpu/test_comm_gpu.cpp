@@ -51,10 +51,8 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want) {
 // of their own where ranks share one. Collective over the job.
 CommOptions nccl_options(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000)) {
   const Topology world = query_topology(MPI_COMM_WORLD);
-  const GpuPlacement gpus =
-      place_on_gpus(world, static_cast<int>(torch::cuda::device_count()),
-                    compat::gpu_bus_id,
-                    timeout);
+  const GpuPlacement gpus = place_on_gpus(world, static_cast<int>(torch::cuda::device_count()),
+                                          compat::gpu_bus_id, timeout);
   give_nccl_ranks_own_hosts(gpus, world.rank);
   CommOptions options;
   options.backend = Backend::kNccl;
@@ -148,8 +146,9 @@ TEST_F(NcclTest, AllGatherAsyncFillsTheOutputLikeAllGather) {
     expect_same(out, mpi->all_gather(rank_values(rank, {4, 5}, dtype)));
   }
   torch::Tensor wrong = gpu(torch::empty({world + 1, 2}));
-  EXPECT_NE(error_of([&] { nccl->all_gather_async(gpu(torch::ones({2})), wrong); })
-                .find("all_gather_async: output must be"),
+  EXPECT_NE(error_of([&] {
+              nccl->all_gather_async(gpu(torch::ones({2})), wrong);
+            }).find("all_gather_async: output must be"),
             std::string::npos);
 }
 
@@ -215,7 +214,8 @@ TEST_F(NcclTest, AsyncOverlapsComputeAndSynchronizeBlocks) {
   // Values whose sums stay exact in float32 at any rank count (each at most 4096 x the ranks'
   // (r + 1) sum), so NCCL's ring and MPI agree bit for bit whatever their order.
   const torch::Tensor host =
-      ((torch::arange(1 << 22, torch::kFloat64).remainder(4096) + 1) * (rank + 1)).to(torch::kFloat32);
+      ((torch::arange(1 << 22, torch::kFloat64).remainder(4096) + 1) * (rank + 1))
+          .to(torch::kFloat32);
   torch::Tensor grads = gpu(host);
   WorkPtr work = nccl->all_reduce_async(grads);
   torch::Tensor a = torch::ones({1024, 1024}, torch::TensorOptions().device(nccl->device()));

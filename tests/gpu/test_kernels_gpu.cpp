@@ -50,11 +50,13 @@ Expected expected(const torch::Tensor& logits, const torch::Tensor& labels,
 void check_kernel(torch::ScalarType type, int64_t rows, int64_t vocab, int64_t padded,
                   double loss_tol, double grad_tol) {
   torch::manual_seed(1);
-  const auto logits = (torch::randn({rows, padded}, torch::TensorOptions().device(kGpu)) * 3)
-                          .to(type);
-  const auto labels = torch::randint(0, vocab, {rows}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
+  const auto logits =
+      (torch::randn({rows, padded}, torch::TensorOptions().device(kGpu)) * 3).to(type);
+  const auto labels =
+      torch::randint(0, vocab, {rows}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
   auto weights = torch::rand({rows}, torch::TensorOptions().device(kGpu));
-  weights.index_put_({torch::arange(0, rows, 5, torch::TensorOptions().device(kGpu).dtype(torch::kLong))}, 0.0);
+  weights.index_put_(
+      {torch::arange(0, rows, 5, torch::TensorOptions().device(kGpu).dtype(torch::kLong))}, 0.0);
   const auto want = expected(logits, labels, weights, vocab);
   auto work = logits.clone();
   const auto losses = kernels::softmax_cross_entropy_(work, labels, weights, vocab, /*grad=*/true);
@@ -72,8 +74,8 @@ void check_kernel(torch::ScalarType type, int64_t rows, int64_t vocab, int64_t p
 
 TEST(SoftmaxCrossEntropyKernel, Float32MatchesTheReferenceTightly) {
   GPT2P_REQUIRE_GPU();
-  check_kernel(torch::kFloat32, 37, 1000, 1088, 1e-5, 1e-5);  // vectorised rows, padding
-  check_kernel(torch::kFloat32, 9, 1001, 1001, 1e-5, 1e-5);   // unaligned rows: scalar path
+  check_kernel(torch::kFloat32, 37, 1000, 1088, 1e-5, 1e-5);    // vectorised rows, padding
+  check_kernel(torch::kFloat32, 9, 1001, 1001, 1e-5, 1e-5);     // unaligned rows: scalar path
   check_kernel(torch::kFloat32, 64, 50260, 50304, 1e-5, 1e-5);  // GPT-2's head
 }
 
@@ -101,10 +103,10 @@ TEST(AddMatmulTn, AccumulatesInFloat32) {
   torch::manual_seed(2);
   for (auto type : {torch::kFloat32, torch::kBFloat16}) {
     const auto opts = torch::TensorOptions().device(kGpu);
-    const auto a = torch::randn({300, 70}, opts).to(type), b = torch::randn({300, 40}, opts).to(type);
+    const auto a = torch::randn({300, 70}, opts).to(type),
+               b = torch::randn({300, 40}, opts).to(type);
     auto out = torch::randn({70, 40}, opts);
-    const auto want = out.to(torch::kFloat64) +
-                      a.to(torch::kFloat64).t().mm(b.to(torch::kFloat64));
+    const auto want = out.to(torch::kFloat64) + a.to(torch::kFloat64).t().mm(b.to(torch::kFloat64));
     compat::set_strict_fp32(true);
     kernels::add_matmul_tn(out, a, b);
     EXPECT_LT(rel_diff(out, want), 1e-5) << type;
@@ -117,7 +119,8 @@ TEST(LinearWeightGrads, OneGemmGivesTheWeightAndBiasGradients) {
   compat::set_strict_fp32(true);
   for (auto type : {torch::kFloat32, torch::kBFloat16}) {
     const auto opts = torch::TensorOptions().device(kGpu);
-    const auto dy = torch::randn({1000, 96}, opts).to(type), x = torch::randn({1000, 80}, opts).to(type);
+    const auto dy = torch::randn({1000, 96}, opts).to(type),
+               x = torch::randn({1000, 80}, opts).to(type);
     torch::Tensor dw, db;
     ASSERT_TRUE(kernels::linear_weight_grads(dy, x, dw, db)) << "cuBLASLt has no algorithm";
     const auto dy64 = dy.to(torch::kFloat64), x64 = x.to(torch::kFloat64);
@@ -218,7 +221,8 @@ void check_model(model::LayerRange range, bool bf16, double loss_tol, double gra
   const int64_t targets = mask.sum().item<int64_t>();
   compat::set_strict_fp32(true);
   for (auto positions : {model::LossPositions::kTargets, model::LossPositions::kAll}) {
-    const auto rows = model::loss_rows(labels, mask, 1, 1.0 / static_cast<double>(targets), positions);
+    const auto rows =
+        model::loss_rows(labels, mask, 1, 1.0 / static_cast<double>(targets), positions);
     model::GPT2 ref(config, range), fused(config, range);
     ref->reset_parameters(7);
     fused->reset_parameters(7);

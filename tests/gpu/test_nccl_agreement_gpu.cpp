@@ -50,12 +50,12 @@ struct Case {
 
 // How far two runs are apart.
 struct Gap {
-  double loss = 0;          // largest relative difference of a step's loss (any rank's file)
-  double val_loss = 0;      // relative difference of the validation losses
-  double weight_max = 0;    // largest absolute difference of a weight
-  double weight_mean = 0;   // mean absolute difference over all weights
-  int64_t weights = 0;      // weights compared
-  bool bitwise = true;      // every compared value equal to the bit
+  double loss = 0;         // largest relative difference of a step's loss (any rank's file)
+  double val_loss = 0;     // relative difference of the validation losses
+  double weight_max = 0;   // largest absolute difference of a weight
+  double weight_mean = 0;  // mean absolute difference over all weights
+  int64_t weights = 0;     // weights compared
+  bool bitwise = true;     // every compared value equal to the bit
 };
 
 std::string read_string_attribute(const std::string& path, const std::string& name) {
@@ -83,7 +83,8 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
   }
 
   int train(const Case& k, const TrainConfig& c) const {
-    return k.pipeline ? train_pipeline(c, topo) : train_data_parallel(c, Program::kDataParallel, topo);
+    return k.pipeline ? train_pipeline(c, topo)
+                      : train_data_parallel(c, Program::kDataParallel, topo);
   }
 
   // This rank's losses, then (rank 0) the checkpoints' weights; the gap on every rank.
@@ -102,7 +103,8 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
     const auto va = read_column(rank_file(a), "/epochs/val_loss");
     const auto vb = read_column(rank_file(b), "/epochs/val_loss");
     EXPECT_EQ(va.size(), vb.size());
-    for (size_t i = 0; i < std::min(va.size(), vb.size()); ++i) note(va[i], vb[i], g.val_loss, true);
+    for (size_t i = 0; i < std::min(va.size(), vb.size()); ++i)
+      note(va[i], vb[i], g.val_loss, true);
     if (comm->rank() == 0) compare_weights(dir + "/" + a, dir + "/" + b, g);
     // Every rank learns rank 0's weight figures and whether any rank saw a difference.
     auto t = torch::tensor({g.loss, g.val_loss, g.weight_max, g.weight_mean,
@@ -129,7 +131,8 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
     }
     for (const auto& e : fs::recursive_directory_iterator(a + "/checkpoint")) {
       const std::string name = e.path().filename().string();
-      if (!e.is_regular_file() || name.rfind("model", 0) != 0 || e.path().extension() != ".safetensors") {
+      if (!e.is_regular_file() || name.rfind("model", 0) != 0 ||
+          e.path().extension() != ".safetensors") {
         continue;
       }
       const fs::path rel = fs::relative(e.path(), a);
@@ -232,8 +235,7 @@ const Case kPipelines[] = {
      [](TrainConfig& c, int) { pipeline(c, "1f1b", 4).zero_bubble = true; }},
     {"pp-interleaved", true,
      [](TrainConfig& c, int n) { pipeline(c, "interleaved", n).stages_per_rank = 2; }},
-    {"pp-model-parallel", true,
-     [](TrainConfig& c, int) { c.mode = PipelineMode::kModelParallel; }},
+    {"pp-model-parallel", true, [](TrainConfig& c, int) { c.mode = PipelineMode::kModelParallel; }},
 };
 
 // --dp 2: 2 x 1 on 2 ranks, 2 x 2 on 4.

@@ -54,8 +54,8 @@ kernels::NormResult reference(const Inputs& in) {
   const int64_t cols = y.size(-1);
   kernels::NormResult r;
   r.y = y;
-  r.out = torch::layer_norm(y, {cols}, in.gamma.to(torch::kFloat64), in.beta.to(torch::kFloat64),
-                            kEps);
+  r.out =
+      torch::layer_norm(y, {cols}, in.gamma.to(torch::kFloat64), in.beta.to(torch::kFloat64), kEps);
   const auto rows = y.reshape({-1, cols});
   r.mean = rows.mean(1);
   r.rstd = 1 / torch::sqrt((rows - r.mean.unsqueeze(1)).pow(2).mean(1) + kEps);
@@ -66,7 +66,8 @@ void check_forward(const std::vector<int64_t>& shape, std::optional<torch::Scala
                    torch::ScalarType out_type) {
   const auto in = make_inputs(shape, delta_type, 1);
   const auto want = reference(in);
-  const auto got = kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps, out_type);
+  const auto got =
+      kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps, out_type);
   const auto where = ::testing::Message()
                      << torch::IntArrayRef(shape) << " delta "
                      << (delta_type ? c10::toString(*delta_type) : "none") << " out " << out_type;
@@ -98,9 +99,9 @@ TEST(AddLayerNormForward, MatchesFloat64) {
 TEST(AddLayerNormForward, ScalarPathAndWidthLimits) {
   GPT2P_REQUIRE_GPU();
   for (auto out_type : {torch::kFloat32, torch::kBFloat16}) {
-    check_forward({7, 50}, torch::kBFloat16, out_type);   // not a multiple of 4: scalar path
-    check_forward({4, 3}, std::nullopt, out_type);        // narrower than a warp
-    check_forward({5, 8192}, torch::kFloat32, out_type);  // widest rows, vector path
+    check_forward({7, 50}, torch::kBFloat16, out_type);    // not a multiple of 4: scalar path
+    check_forward({4, 3}, std::nullopt, out_type);         // narrower than a warp
+    check_forward({5, 8192}, torch::kFloat32, out_type);   // widest rows, vector path
     check_forward({3, 8190}, torch::kBFloat16, out_type);  // widest rows, scalar path
   }
 }
@@ -187,16 +188,16 @@ TEST(AddLayerNormBackward, ScalarPathManyBlocksAndWidthLimits) {
 TEST(AddLayerNormBackward, DirectCallAddsTheResidualGradient) {
   GPT2P_REQUIRE_GPU();
   const auto in = make_inputs({9, 96}, torch::kFloat32, 4);
-  const auto fwd = kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps,
-                                                   torch::kFloat32);
+  const auto fwd =
+      kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps, torch::kFloat32);
   const auto opts = torch::TensorOptions().device(kGpu);
   const auto dout = torch::randn({9, 96}, opts), dres = torch::randn({9, 96}, opts);
   // The formula of kernels/layer_norm.h in float64 on the kernel's own y, mean and rstd.
   const auto y = fwd.y.to(torch::kFloat64), mean = fwd.mean.to(torch::kFloat64).unsqueeze(1),
              rstd = fwd.rstd.to(torch::kFloat64).unsqueeze(1);
   const auto xhat = (y - mean) * rstd, g = dout.to(torch::kFloat64) * in.gamma.to(torch::kFloat64);
-  const auto want = rstd * (g - g.mean(1, true) - xhat * (g * xhat).mean(1, true)) +
-                    dres.to(torch::kFloat64);
+  const auto want =
+      rstd * (g - g.mean(1, true) - xhat * (g * xhat).mean(1, true)) + dres.to(torch::kFloat64);
   for (const bool with_residual : {false, true}) {
     const auto [dy, dgamma, dbeta] = kernels::add_layer_norm_backward(
         dout, fwd.y, fwd.mean, fwd.rstd, in.gamma, with_residual ? dres : torch::Tensor());
@@ -209,12 +210,12 @@ TEST(AddLayerNormBackward, DirectCallAddsTheResidualGradient) {
 TEST(AddLayerNormBackward, ParameterGradientsAreDeterministic) {
   GPT2P_REQUIRE_GPU();
   const auto in = make_inputs({4, 1024, 768}, torch::kBFloat16, 5);
-  const auto fwd = kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps,
-                                                   torch::kBFloat16);
-  const auto dout = torch::randn({4, 1024, 768}, torch::TensorOptions().device(kGpu))
-                        .to(torch::kBFloat16);
-  const auto first = kernels::add_layer_norm_backward(dout, fwd.y, fwd.mean, fwd.rstd, in.gamma,
-                                                      torch::Tensor());
+  const auto fwd =
+      kernels::add_layer_norm_forward(in.x, in.delta, in.gamma, in.beta, kEps, torch::kBFloat16);
+  const auto dout =
+      torch::randn({4, 1024, 768}, torch::TensorOptions().device(kGpu)).to(torch::kBFloat16);
+  const auto first =
+      kernels::add_layer_norm_backward(dout, fwd.y, fwd.mean, fwd.rstd, in.gamma, torch::Tensor());
   for (int i = 0; i < 3; ++i) {
     const auto again = kernels::add_layer_norm_backward(dout, fwd.y, fwd.mean, fwd.rstd, in.gamma,
                                                         torch::Tensor());
@@ -246,8 +247,7 @@ TEST(AddLayerNormAutograd, OneOutputUsedAtATime) {
         kernels::add_layer_norm(x, torch::Tensor(), gamma, beta, kEps, torch::kFloat32);
     (outs[1] * w).sum().backward();
     const auto x64 = in.x.to(torch::kFloat64).requires_grad_(true);
-    (torch::layer_norm(x64, {64}, in.gamma.to(torch::kFloat64), in.beta.to(torch::kFloat64),
-                       kEps) *
+    (torch::layer_norm(x64, {64}, in.gamma.to(torch::kFloat64), in.beta.to(torch::kFloat64), kEps) *
      w.to(torch::kFloat64))
         .sum()
         .backward();
@@ -261,8 +261,8 @@ TEST(AddLayerNormAutograd, AutocastChangesNothing) {
   // The op is outside autocast's lists: under bf16 autocast it computes exactly what it does
   // without it.
   const auto in = make_inputs({3, 37, 768}, torch::kBFloat16, 7);
-  const auto grad_out = torch::randn({3, 37, 768}, torch::TensorOptions().device(kGpu))
-                            .to(torch::kBFloat16);
+  const auto grad_out =
+      torch::randn({3, 37, 768}, torch::TensorOptions().device(kGpu)).to(torch::kBFloat16);
   torch::Tensor out[2], dx[2], dgamma[2];
   for (int i = 0; i < 2; ++i) {
     auto x = in.x.clone().requires_grad_(true), gamma = in.gamma.clone().requires_grad_(true);
@@ -283,9 +283,9 @@ TEST(AddLayerNormChecks, BadInputsFailWithAMessage) {
   const auto x = torch::randn({4, 64});
   const auto gamma = torch::ones({64}), beta = torch::zeros({64});
   // CPU tensors, checked before anything touches a GPU.
-  EXPECT_THROW(kernels::add_layer_norm_forward(x, torch::Tensor(), gamma, beta, kEps,
-                                               torch::kFloat32),
-               Error);
+  EXPECT_THROW(
+      kernels::add_layer_norm_forward(x, torch::Tensor(), gamma, beta, kEps, torch::kFloat32),
+      Error);
   if (!torch::cuda::is_available()) return;
   const auto opts = torch::TensorOptions().device(kGpu);
   const auto xg = x.to(kGpu), gg = gamma.to(kGpu), bg = beta.to(kGpu);
@@ -304,19 +304,19 @@ TEST(AddLayerNormChecks, BadInputsFailWithAMessage) {
                                                torch::ones({8200}, opts),
                                                torch::zeros({8200}, opts), kEps, torch::kFloat32),
                Error);  // wider than the kernels' limit
-  const auto fwd = kernels::add_layer_norm_forward(xg, torch::Tensor(), gg, bg, kEps,
-                                                   torch::kFloat32);
+  const auto fwd =
+      kernels::add_layer_norm_forward(xg, torch::Tensor(), gg, bg, kEps, torch::kFloat32);
   EXPECT_THROW(kernels::add_layer_norm_backward(torch::randn({4, 63}, opts), fwd.y, fwd.mean,
                                                 fwd.rstd, gg, torch::Tensor()),
                Error);  // dout of another shape
-  EXPECT_THROW(kernels::add_layer_norm_backward(fwd.out, fwd.y, fwd.mean.narrow(0, 0, 3),
-                                                fwd.rstd, gg, torch::Tensor()),
+  EXPECT_THROW(kernels::add_layer_norm_backward(fwd.out, fwd.y, fwd.mean.narrow(0, 0, 3), fwd.rstd,
+                                                gg, torch::Tensor()),
                Error);  // mean of another length
 }
 
 TEST(AddLayerNormWorkspace, DependsOnlyOnTheShape) {
   EXPECT_EQ(kernels::add_layer_norm_workspace(0, 768), 0);
-  EXPECT_EQ(kernels::add_layer_norm_workspace(1, 768), 2 * 768);        // one block
+  EXPECT_EQ(kernels::add_layer_norm_workspace(1, 768), 2 * 768);         // one block
   EXPECT_EQ(kernels::add_layer_norm_workspace(111, 768), 2 * 14 * 768);  // 8 rows a block
   EXPECT_EQ(kernels::add_layer_norm_workspace(16384, 768), 2 * 1024 * 768);
   EXPECT_EQ(kernels::add_layer_norm_workspace(10001, 64), 2 * 1001 * 64);  // 10 rows a block

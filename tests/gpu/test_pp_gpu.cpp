@@ -17,11 +17,11 @@
 #include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/rng.h"
+#include "gpt2p/parallel/pipeline_grads.h"
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
-#include "gpt2p/parallel/pipeline_grads.h"
-#include "gpt2p/pipeline/runtime/executor.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/executor.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -41,10 +41,8 @@ class PipelineGpu : public ::testing::Test {
     // NCCL, as pp_train's --comm auto picks on GPUs: ranks that share a GPU get NCCL host ids of
     // their own (comm/gpu_placement.h) and talk over sockets.
     const auto topo = query_topology(MPI_COMM_WORLD);
-    const auto placement = comm::place_on_gpus(
-        topo, gpus,
-        compat::gpu_bus_id,
-        std::chrono::milliseconds(60000));
+    const auto placement =
+        comm::place_on_gpus(topo, gpus, compat::gpu_bus_id, std::chrono::milliseconds(60000));
     comm::give_nccl_ranks_own_hosts(placement, topo.rank);
     comm::CommOptions options;
     options.backend = comm::Backend::kNccl;
@@ -101,8 +99,8 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
     if (kRows % c.m != 0) continue;
     SCOPED_TRACE(pipeline::to_string(c.kind) + " x" + std::to_string(c.per_rank) +
                  " M=" + std::to_string(c.m) + (c.zero_bubble ? " zero-bubble" : ""));
-    const auto split =
-        parallel::stage_partition(pipeline::PartitionKind::kBalanced, config, n * c.per_rank, kSeq, {}, c.per_rank);
+    const auto split = parallel::stage_partition(pipeline::PartitionKind::kBalanced, config,
+                                                 n * c.per_rank, kSeq, {}, c.per_rank);
     std::vector<model::GPT2> models;
     std::vector<std::unique_ptr<pipeline::GptStage>> stages;
     std::vector<pipeline::Stage*> ptrs;

@@ -365,8 +365,9 @@ TEST_F(CommTest, ReduceScatterLeavesEachRankItsPartOfTheSum) {
   comm->reduce_scatter(torch::empty({0}), empty_part);
 
   torch::Tensor wrong = torch::empty({5});
-  EXPECT_THAT(error_of([&] { comm->reduce_scatter(torch::ones({world * 4}), wrong); }),
-              HasSubstr("reduce_scatter: output must be a contiguous float32 tensor of 4 elements"));
+  EXPECT_THAT(
+      error_of([&] { comm->reduce_scatter(torch::ones({world * 4}), wrong); }),
+      HasSubstr("reduce_scatter: output must be a contiguous float32 tensor of 4 elements"));
   torch::Tensor both = torch::ones({world * 4});
   torch::Tensor inside = both.narrow(0, 0, 4);
   EXPECT_THAT(error_of([&] { comm->reduce_scatter(both, inside); }),

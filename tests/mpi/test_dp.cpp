@@ -52,8 +52,8 @@ struct StepSpec {
   torch::ScalarType reduce_dtype = torch::kFloat32;
   int grad_accum = 1;
   bool sparse_embedding = false;  // the tied weight's lookup part gathered (grad_sync.h)
-  bool local_mean_loss = false;  // HW5's naive loss: this rank's mean, not scaled_loss
-  bool sum_after = false;        // a broken "sync": all_reduce(sum) of the grads after backward
+  bool local_mean_loss = false;   // HW5's naive loss: this rank's mean, not scaled_loss
+  bool sum_after = false;         // a broken "sync": all_reduce(sum) of the grads after backward
 };
 
 // One SGD step from the same initial model on examples [first, first + count) of the split, in
@@ -68,10 +68,9 @@ StepResult train_step(const data::Split& split, int64_t first, int64_t count,
   auto params = model->parameters();
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(kLr));
   const auto tied = spec.sparse_embedding ? model->tied_parameter() : torch::Tensor();
-  auto sync = spec.sync == "none"
-                  ? make_no_sync()
-                  : make_grad_sync(*from_name<GradSyncMode>(spec.sync), comm, params,
-                                   spec.bucket_mb, spec.reduce_dtype, tied);
+  auto sync = spec.sync == "none" ? make_no_sync()
+                                  : make_grad_sync(*from_name<GradSyncMode>(spec.sync), comm,
+                                                   params, spec.bucket_mb, spec.reduce_dtype, tied);
   if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(std::move(sink));
 
   std::vector<int64_t> rows(static_cast<size_t>(count));

@@ -16,7 +16,8 @@ constexpr std::chrono::milliseconds kTimeout{60000};
 
 TEST(GpuPlacement, RanksOnOneGpuShareIt) {
   const Topology world = query_topology(MPI_COMM_WORLD);
-  const auto p = place_on_gpus(world, 1, [](int) { return std::string("0000:1B:00.0"); }, kTimeout);
+  const auto p = place_on_gpus(
+      world, 1, [](int) { return std::string("0000:1B:00.0"); }, kTimeout);
   EXPECT_EQ(p.gpu, 0);
   EXPECT_EQ(p.ranks_on_host, world.local_size);
   EXPECT_EQ(p.gpus_on_host, 1);
@@ -29,8 +30,9 @@ TEST(GpuPlacement, RanksOnOneGpuShareIt) {
 
 TEST(GpuPlacement, AGpuPerRankIsNoSharing) {
   const Topology world = query_topology(MPI_COMM_WORLD);
-  const auto p = place_on_gpus(world, world.local_size,
-                               [](int i) { return "0000:" + std::to_string(i) + ":00.0"; }, kTimeout);
+  const auto p = place_on_gpus(
+      world, world.local_size, [](int i) { return "0000:" + std::to_string(i) + ":00.0"; },
+      kTimeout);
   EXPECT_EQ(p.gpu, world.local_rank);
   EXPECT_EQ(p.gpus_on_host, world.local_size);
   EXPECT_FALSE(p.host_shares);
@@ -42,7 +44,8 @@ TEST(GpuPlacement, AGpuPerRankIsNoSharing) {
 TEST(GpuPlacement, OneVisibleGpuEachButDifferentGpusIsNoSharing) {
   const Topology world = query_topology(MPI_COMM_WORLD);
   const std::string mine = "0000:" + std::to_string(10 + world.local_rank) + ":00.0";
-  const auto p = place_on_gpus(world, 1, [&](int) { return mine; }, kTimeout);
+  const auto p = place_on_gpus(
+      world, 1, [&](int) { return mine; }, kTimeout);
   EXPECT_EQ(p.gpu, 0);
   EXPECT_FALSE(p.host_shares);
   EXPECT_EQ(p.gpus_on_host, world.local_size);
@@ -53,7 +56,8 @@ TEST(GpuPlacement, SharingRanksGetNcclHostIdsOfTheirOwn) {
   if (world.local_size < 2) GTEST_SKIP() << "needs 2 ranks on the host";
   ::unsetenv("NCCL_SOCKET_IFNAME");
   ::unsetenv("NCCL_NET");
-  const auto p = place_on_gpus(world, 1, [](int) { return std::string("gpu"); }, kTimeout);
+  const auto p = place_on_gpus(
+      world, 1, [](int) { return std::string("gpu"); }, kTimeout);
   give_nccl_ranks_own_hosts(p, world.rank);
   const char* id = std::getenv("NCCL_HOSTID");
   ASSERT_NE(id, nullptr);

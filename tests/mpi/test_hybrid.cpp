@@ -15,14 +15,14 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/compat/adamw.h"
 #include "gpt2p/compat/rng.h"
+#include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/mesh.h"
 #include "gpt2p/parallel/pipeline_grads.h"
+#include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/stage_split.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "gpt2p/pipeline/runtime/executor.h"
-#include "gpt2p/model/checkpoint.h"
-#include "gpt2p/parallel/pp_trainer.h"
 #include "support/small_model.h"
 #include "support/trainer_fixture.h"
 
@@ -117,8 +117,8 @@ void expect_hybrid_equals_one_rank(int dp, const Case& k) {
   for (const auto& p : full->named_parameters()) ref_param[p.key()] = p.value().detach().clone();
 
   // This rank's stages of its replica's pipeline.
-  const auto split = parallel::stage_partition(pipeline::PartitionKind::kBalanced, cfg, n * v,
-                                               kSeq, {}, v);
+  const auto split =
+      parallel::stage_partition(pipeline::PartitionKind::kBalanced, cfg, n * v, kSeq, {}, v);
   std::vector<model::GPT2> models;
   std::vector<std::unique_ptr<pipeline::GptStage>> stages;
   std::vector<pipeline::Stage*> stage_ptrs;
@@ -133,13 +133,12 @@ void expect_hybrid_equals_one_rank(int dp, const Case& k) {
   pipeline::CommTransport transport(*comms.pipe, *comms.pipe_grad, comms.pipe.get(),
                                     comms.pipe_grad.get());
   const auto schedule =
-      k.zero_bubble
-          ? pipeline::make_zero_bubble_schedule(
-                k.kind, m, n, v,
-                pipeline::zero_bubble_costs(split, static_cast<int>(cfg.n_layer),
-                                            static_cast<int>(cfg.n_embd), kSeq,
-                                            static_cast<int>(cfg.padded_vocab_size()), 1))
-          : pipeline::make_schedule(k.kind, m, n, v);
+      k.zero_bubble ? pipeline::make_zero_bubble_schedule(
+                          k.kind, m, n, v,
+                          pipeline::zero_bubble_costs(split, static_cast<int>(cfg.n_layer),
+                                                      static_cast<int>(cfg.n_embd), kSeq,
+                                                      static_cast<int>(cfg.padded_vocab_size()), 1))
+                    : pipeline::make_schedule(k.kind, m, n, v);
   pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(mesh.pp_rank)],
                               mesh.pp_rank, n, torch::kCPU);
   // What PipelineStep does: the replicas' sum started by each stage's last backward (small
@@ -228,15 +227,16 @@ TEST(HybridMpi, MeshIsValidatedWithTheFix) {
     }
     return "";
   };
-  EXPECT_NE(usage([] { parallel::make_mesh(4, 0, 3); })
-                .find("--dp 3 does not divide the 4 ranks"),
+  EXPECT_NE(usage([] { parallel::make_mesh(4, 0, 3); }).find("--dp 3 does not divide the 4 ranks"),
             std::string::npos);
   EXPECT_NE(usage([] { parallel::make_mesh(4, 0, 0); }).find("--dp 0"), std::string::npos);
-  EXPECT_NE(usage([] { parallel::check_mesh_batch(parallel::make_mesh(4, 0, 2), 12, 4); })
-                .find("--microbatches 4 does not divide a replica's batch of 6"),
+  EXPECT_NE(usage([] {
+              parallel::check_mesh_batch(parallel::make_mesh(4, 0, 2), 12, 4);
+            }).find("--microbatches 4 does not divide a replica's batch of 6"),
             std::string::npos);
-  EXPECT_NE(usage([] { parallel::check_mesh_batch(parallel::make_mesh(6, 0, 3), 16, 1); })
-                .find("--batch-size 16 does not split over --dp 3"),
+  EXPECT_NE(usage([] {
+              parallel::check_mesh_batch(parallel::make_mesh(6, 0, 3), 16, 1);
+            }).find("--batch-size 16 does not split over --dp 3"),
             std::string::npos);
 }
 

@@ -9,11 +9,11 @@
 #include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
-#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/mpi_communicator.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/core/roll_call.h"
+#include "gpt2p/parallel/train_options.h"
 
 namespace gpt2p {
 namespace {

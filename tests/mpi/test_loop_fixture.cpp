@@ -122,7 +122,7 @@ class LoopFixture : public gpt2p::testing::TrainerTest {
   parallel::TrainConfig base(const std::string& out, int64_t steps, int stages_per_rank = 0) const {
     auto c = config(out, steps);
     if (stages_per_rank > 0) c.n_layer = stages_per_rank * comm->size();
-    c.dropout = 0.1;  // the RNG streams are part of what is pinned
+    c.dropout = 0.1;   // the RNG streams are part of what is pinned
     c.save_every = 0;  // one checkpoint, at the end
     c.translate_samples = 0;
     return c;

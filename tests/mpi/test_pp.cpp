@@ -10,11 +10,11 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/compat/rng.h"
 #include "gpt2p/core/error.h"
+#include "gpt2p/parallel/pipeline_grads.h"
 #include "gpt2p/parallel/pp_trainer.h"
 #include "gpt2p/parallel/run_context.h"
-#include "gpt2p/parallel/pipeline_grads.h"
-#include "gpt2p/pipeline/runtime/executor.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/executor.h"
 #include "support/small_model.h"
 
 namespace gpt2p {
@@ -84,9 +84,8 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
   if (partition == "measured") {
     costs = parallel::measured_layer_costs(comm, config, rows / m, kSeq, torch::kFloat32);
   }
-  const auto split =
-      parallel::stage_partition(*from_name<pipeline::PartitionKind>(partition), config,
-                                n * per_rank, kSeq, costs, per_rank);
+  const auto split = parallel::stage_partition(*from_name<pipeline::PartitionKind>(partition),
+                                               config, n * per_rank, kSeq, costs, per_rank);
   PipelineRun run;
   std::vector<pipeline::Stage*> stages;
   for (int c = 0; c < per_rank; ++c) {
@@ -100,15 +99,16 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
   // MPI calls never block, so the wrap channels may share the two communicators.
   run.transport = std::make_unique<pipeline::CommTransport>(comm, grad_comm(), &comm, &grad_comm());
   const auto schedule =
-      zero_bubble ? pipeline::make_zero_bubble_schedule(
-                        kind, m, n, per_rank,
-                        pipeline::zero_bubble_costs(split, static_cast<int>(config.n_layer),
-                                                    static_cast<int>(config.n_embd), kSeq,
-                                                    static_cast<int>(config.padded_vocab_size()), 1))
-                  : pipeline::make_schedule(kind, m, n, per_rank);
-  run.executor = std::make_unique<pipeline::Executor>(
-      stages, *run.transport, schedule[static_cast<size_t>(comm.rank())], comm.rank(), n,
-      torch::kCPU);
+      zero_bubble
+          ? pipeline::make_zero_bubble_schedule(
+                kind, m, n, per_rank,
+                pipeline::zero_bubble_costs(split, static_cast<int>(config.n_layer),
+                                            static_cast<int>(config.n_embd), kSeq,
+                                            static_cast<int>(config.padded_vocab_size()), 1))
+          : pipeline::make_schedule(kind, m, n, per_rank);
+  run.executor = std::make_unique<pipeline::Executor>(stages, *run.transport,
+                                                      schedule[static_cast<size_t>(comm.rank())],
+                                                      comm.rank(), n, torch::kCPU);
   return run;
 }
 
@@ -229,8 +229,8 @@ TEST(PipelineMpi, ZeroBubbleLossAndEveryGradientMatchTheWholeModel) {
   for (int m : {n, 2 * n}) {
     if (kRows % m != 0) continue;
     SCOPED_TRACE("zero-bubble interleaved x2 M=" + std::to_string(m));
-    auto run = make_pipeline(config, "balanced", pipeline::ScheduleKind::kInterleaved, m, 2, kRows,
-                             true);
+    auto run =
+        make_pipeline(config, "balanced", pipeline::ScheduleKind::kInterleaved, m, 2, kRows, true);
     expect_whole_model_gradients(run, batch, ref_loss, ref);
   }
 }
@@ -295,7 +295,8 @@ TEST(PipelineMpi, MeasuredCostsAreRankZerosOnEveryRank) {
   auto rank0 = mine.clone();
   world().broadcast(rank0, 0);
   EXPECT_TRUE(torch::equal(rank0, mine));
-  const auto split = parallel::stage_partition(pipeline::PartitionKind::kMeasured, config, world().size(), kSeq, costs);
+  const auto split = parallel::stage_partition(pipeline::PartitionKind::kMeasured, config,
+                                               world().size(), kSeq, costs);
   EXPECT_EQ(split.size(), static_cast<size_t>(world().size()));
 }
 

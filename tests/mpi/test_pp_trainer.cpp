@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -28,7 +27,7 @@ class PipelineTrainer : public gpt2p::testing::TrainerTest {
  protected:
   // 4 blocks (4 stages fit), 1F1B over 2 micro-batches.
   parallel::TrainConfig config(const std::string& out, int64_t max_steps,
-                          const std::string& partition) const {
+                               const std::string& partition) const {
     auto c = TrainerTest::config(out, max_steps, /*blocks=*/4);
     c.mode = gpt2p::parallel::PipelineMode::kPipeline;
     c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
@@ -172,8 +171,8 @@ namespace {
 
 // --dp D: D replicas of a P-rank pipeline, each on its share of the global batch. With P = 1 that
 // is data parallelism, and trains as dp_train does on the same ranks (the same global batches):
-// the same global losses step by step. With P = 2 (4 ranks) and P = 1 otherwise: rank files that name
-// each rank's place in the grid, and a --resume (replica 0 writes the stages, every replica's
+// the same global losses step by step. With P = 2 (4 ranks) and P = 1 otherwise: rank files that
+// name each rank's place in the grid, and a --resume (replica 0 writes the stages, every replica's
 // generator states go with them) that continues exactly as a run that never stopped.
 TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   const int n = comm->size();
@@ -181,9 +180,9 @@ TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   as_dp.dp = n;
   as_dp.microbatches = 1;  // a replica's 12 / n rows
   ASSERT_EQ(train_pipeline(as_dp, topo), 0);
-  ASSERT_EQ(train_data_parallel(TrainerTest::config("dp", 3, /*blocks=*/4),
-                                Program::kDataParallel, topo),
-            0);
+  ASSERT_EQ(
+      train_data_parallel(TrainerTest::config("dp", 3, /*blocks=*/4), Program::kDataParallel, topo),
+      0);
   // dp_train records each rank's own loss; pp_train the global batch's, their mean.
   const auto global = read_column(rank_file("pp-dp"), "/steps/loss");
   ASSERT_EQ(global.size(), 3U);

@@ -51,7 +51,7 @@ struct Spec {
 };
 
 struct Trained {
-  std::vector<torch::Tensor> params;  // after kSteps steps
+  std::vector<torch::Tensor> params;          // after kSteps steps
   std::unique_ptr<compat::FusedAdamW> state;  // the unsharded optimizer state
 };
 
@@ -60,7 +60,7 @@ const auto kAdam = torch::optim::AdamWOptions(3e-3).weight_decay(0.1);
 // kSteps AdamW steps on rows [first, first + count) of the split, as a rank of `comm` (null: one
 // rank), all steps on the same batch.
 Trained train(const data::Split& split, int64_t first, int64_t count, int64_t global_targets,
-          comm::Communicator* comm, const Spec& spec) {
+              comm::Communicator* comm, const Spec& spec) {
   const int world = comm != nullptr ? comm->size() : 1;
   model::GPT2 model(small_config());
   model->reset_parameters(7);
@@ -78,8 +78,8 @@ Trained train(const data::Split& split, int64_t first, int64_t count, int64_t gl
     zero = std::make_unique<ShardedAdamW>(params, *comm, o);
     if (auto sink = zero->embedding_sink()) model->set_embedding_grad_sink(sink);
   } else if (comm != nullptr) {
-    sync = make_grad_sync(GradSyncMode::kBucketed, comm, params, spec.bucket_mb,
-                          spec.reduce_dtype, tied);
+    sync = make_grad_sync(GradSyncMode::kBucketed, comm, params, spec.bucket_mb, spec.reduce_dtype,
+                          tied);
     if (auto sink = sync->embedding_sink()) model->set_embedding_grad_sink(sink);
   }
   std::vector<int64_t> rows(static_cast<size_t>(count));
@@ -93,9 +93,9 @@ Trained train(const data::Split& split, int64_t first, int64_t count, int64_t gl
   for (int step = 0; step < kSteps; ++step) {
     for (int k = 0; k < spec.grad_accum; ++k) {
       const auto logits = model->forward(inputs.narrow(0, k * micro, micro));
-      const auto loss = scaled_loss(logits, labels.narrow(0, k * micro, micro),
-                                    mask.narrow(0, k * micro, micro),
-                                    small_config().vocab_size, global_targets, world);
+      const auto loss =
+          scaled_loss(logits, labels.narrow(0, k * micro, micro), mask.narrow(0, k * micro, micro),
+                      small_config().vocab_size, global_targets, world);
       const bool last = k + 1 == spec.grad_accum;
       zero ? zero->begin_backward(last) : sync->begin_backward(last);
       loss.backward();
@@ -137,7 +137,8 @@ double max_rel_diff(const std::vector<torch::Tensor>& a, const std::vector<torch
   EXPECT_EQ(a.size(), b.size());
   double worst = 0, scale = 1e-30;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, (a[i].to(torch::kFloat64) - b[i].to(torch::kFloat64)).abs().max().item<double>());
+    worst = std::max(
+        worst, (a[i].to(torch::kFloat64) - b[i].to(torch::kFloat64)).abs().max().item<double>());
     scale = std::max(scale, b[i].abs().max().item<double>());
   }
   return worst / scale;
@@ -290,8 +291,8 @@ TEST_F(Zero, EachRankHoldsItsShareOfTheState) {
   o.adam = kAdam;
   o.buckets.bucket_mb = 1;
   ShardedAdamW zero(model->parameters(), *comm, o);
-  const double share = static_cast<double>(zero.state_bytes()) /
-                       static_cast<double>(zero.unsharded_state_bytes());
+  const double share =
+      static_cast<double>(zero.state_bytes()) / static_cast<double>(zero.unsharded_state_bytes());
   // 1/N, plus the padding that aligns every shard.
   EXPECT_GE(share, 1.0 / world);
   EXPECT_LE(share, 1.0 / world + 0.01);

@@ -11,13 +11,13 @@
 #include <memory>
 #include <string>
 
-#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/mpi_env.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
+#include "gpt2p/parallel/train_options.h"
 #include "support/h5_read.h"
 
 namespace gpt2p::testing {
@@ -87,7 +87,8 @@ class TrainerTest : public ::testing::Test {
 
   // A 2-block, 32-wide model (n_layer = `blocks`) on the CPU, batch 12 x 16 tokens, checkpoints
   // every 2 steps, output in <dir>/<out>.
-  parallel::TrainConfig config(const std::string& out, int64_t max_steps, int64_t blocks = 2) const {
+  parallel::TrainConfig config(const std::string& out, int64_t max_steps,
+                               int64_t blocks = 2) const {
     parallel::TrainConfig c;
     c.preset = "tiny";
     c.n_layer = blocks;

@@ -1,6 +1,4 @@
 // Atomic writes (files and checkpoint directories) and remove_tree.
-#include "gpt2p/core/atomic_file.h"
-
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
@@ -13,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 #include "support/temp_dir.h"
 #include "support/tmpfs.h"
@@ -30,7 +29,6 @@ std::string slurp(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
-
 
 // The message and fix of the FileError that `f` throws, and its errno.
 struct Caught {
@@ -109,7 +107,8 @@ TEST(AtomicDir, ASaveRemovesWhatAKilledSaveLeftButNotALiveOnes) {
     fs::create_directories(d + "/sub");
     write_text_atomically(d + "/sub/weights", "partial");
   }
-  write_dir_atomically(ckpt, [&](const std::string& tmp) { write_text_atomically(tmp + "/w", "new"); });
+  write_dir_atomically(ckpt,
+                       [&](const std::string& tmp) { write_text_atomically(tmp + "/w", "new"); });
   EXPECT_FALSE(fs::exists(stale_tmp));
   EXPECT_FALSE(fs::exists(stale_old));
   EXPECT_TRUE(fs::exists(live_tmp)) << "another process's save may still be running";
@@ -119,7 +118,8 @@ TEST(AtomicDir, ASaveRemovesWhatAKilledSaveLeftButNotALiveOnes) {
 TEST(AtomicDir, FailedWriteKeepsThePreviousDirectory) {
   TempDir dir("atomic_dir_fail");
   const std::string ckpt = dir / "checkpoint";
-  write_dir_atomically(ckpt, [](const std::string& tmp) { write_text_atomically(tmp + "/w", "ok"); });
+  write_dir_atomically(ckpt,
+                       [](const std::string& tmp) { write_text_atomically(tmp + "/w", "ok"); });
   EXPECT_THROW(write_dir_atomically(ckpt,
                                     [](const std::string& tmp) {
                                       write_text_atomically(tmp + "/w", "half");
@@ -163,9 +163,9 @@ TEST(AtomicFile, FullFileSystemKeepsTheOldFileAndLeavesNoTemporary) {
   EXPECT_EQ(slurp(path), "old");
   EXPECT_EQ(tmpfs.entries(), 1) << "the temporary file must be gone";
   // The same through write_text_atomically (meta.json, config files).
-  EXPECT_EQ(file_error_of([&] { write_text_atomically(path, std::string(1 << 20, 'z')); })
-                .error_number,
-            ENOSPC);
+  EXPECT_EQ(
+      file_error_of([&] { write_text_atomically(path, std::string(1 << 20, 'z')); }).error_number,
+      ENOSPC);
   EXPECT_EQ(slurp(path), "old");
 }
 
@@ -180,9 +180,8 @@ TEST(AtomicFile, ReadOnlyFileSystemSaysSoInsteadOfDiskSpace) {
   EXPECT_EQ(e.hint.find("disk space"), std::string::npos) << e.hint;
   // A checkpoint-like directory below it: the same error, from creating the temporary directory.
   const auto d = file_error_of([&] {
-    write_dir_atomically(tmpfs / "ckpt", [](const std::string& tmp) {
-      write_text_atomically(tmp + "/w", "x");
-    });
+    write_dir_atomically(tmpfs / "ckpt",
+                         [](const std::string& tmp) { write_text_atomically(tmp + "/w", "x"); });
   });
   EXPECT_EQ(d.error_number, EROFS) << d.what;
 }

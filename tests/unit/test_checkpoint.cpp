@@ -6,17 +6,17 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <limits>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <tuple>
 #include <vector>
 
-#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/compat/rng.h"
+#include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
@@ -24,9 +24,9 @@
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/model/safetensors.h"
 #include "gpt2p/parallel/checkpoint_commit.h"
+#include "support/errors.h"
 #include "support/temp_dir.h"
 #include "support/tmpfs.h"
-#include "support/errors.h"
 
 namespace gpt2p::model {
 namespace {
@@ -274,15 +274,12 @@ TEST(Checkpoint, MismatchErrorsNameCheckpointParameterShapesAndFix) {
             std::string::npos);
   GPT2 same(tiny_config());
   torch::optim::SGD sgd2(same->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_NE(
-      error_of([&] { load_checkpoint(dir / "ck", *same, &sgd2); }).find("no optimizer state"),
-      std::string::npos);
-  EXPECT_NE(error_of([&] {
-              load_checkpoint(dir / "nothing", *same, nullptr);
-            }).find("has no meta.json"),
+  EXPECT_NE(error_of([&] { load_checkpoint(dir / "ck", *same, &sgd2); }).find("no optimizer state"),
             std::string::npos);
+  EXPECT_NE(
+      error_of([&] { load_checkpoint(dir / "nothing", *same, nullptr); }).find("has no meta.json"),
+      std::string::npos);
 }
-
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -358,7 +355,8 @@ TEST(Checkpoint, ReadOnlyFileSystemSaysSoAndKeepsThePreviousCheckpoint) {
   const auto msg = error_with_hint([&] { t.save(ckpt, 2); });
   EXPECT_NE(msg.find("read-only file system"), std::string::npos) << msg;
   EXPECT_NE(msg.find("is on a read-only file system: point --out at a writable directory; the "
-                     "previous checkpoint " + ckpt + " is kept"),
+                     "previous checkpoint " +
+                     ckpt + " is kept"),
             std::string::npos)
       << msg;
   EXPECT_EQ(msg.find("disk space"), std::string::npos) << msg;
@@ -396,8 +394,8 @@ TEST(Checkpoint, FlippedBytesAreRejectedNamingTheFileAndBothChecksums) {
     GPT2 back(tiny_config());
     torch::optim::AdamW opt(back->parameters(), torch::optim::AdamWOptions(1e-3));
     const auto msg = error_with_hint([&] { load_checkpoint(ck, *back, &opt); });
-    EXPECT_NE(msg.find(path + " does not match meta.json: expected " +
-                       std::to_string(good.size()) + " bytes with crc32 "),
+    EXPECT_NE(msg.find(path + " does not match meta.json: expected " + std::to_string(good.size()) +
+                       " bytes with crc32 "),
               std::string::npos)
         << msg;
     EXPECT_NE(msg.find("the checkpoint is corrupt: resume from an earlier copy"), std::string::npos)
@@ -405,8 +403,9 @@ TEST(Checkpoint, FlippedBytesAreRejectedNamingTheFileAndBothChecksums) {
     EXPECT_NE(error_of([&] { verify_checkpoint(ck); }).find(path), std::string::npos);
     // A truncated file: the size differs.
     spit(path, good.substr(0, good.size() / 2));
-    EXPECT_NE(error_of([&] { load_checkpoint(ck, *back, &opt); })
-                  .find("found " + std::to_string(good.size() / 2) + " bytes"),
+    EXPECT_NE(error_of([&] {
+                load_checkpoint(ck, *back, &opt);
+              }).find("found " + std::to_string(good.size() / 2) + " bytes"),
               std::string::npos);
     spit(path, good);
   }
@@ -560,17 +559,18 @@ TEST(Checkpoint, MetaJsonCountsMustBeCountsAndDepthIsBounded) {
   Trained t;
   const std::string ck = dir / "ck";
   t.save(ck, 3);
-  expect_meta_edits_refused(ck, MetaEdits{
-           {"step", -5, "\"step\" is -5, not >= 0"},
-           {"epoch", "x", "\"epoch\" is a string, not an integer"},
-           {"batch_in_epoch", 1.5, "\"batch_in_epoch\" is a number, not an integer"},
-           {"step", nlohmann::json(), "\"step\" is null, not an integer"},
-           {"seed", "7", "\"seed\" is a string, not an integer"},
-           {"rng_state", 12, "\"rng_state\" is an integer, not a string"},
-           {"rank_rng_states", "ab", "\"rank_rng_states\" is a string, not an array"},
-           {"rank_rng_states", nlohmann::json::array({"ab", 3}),
-            "\"rank_rng_states\"[1] is an integer, not a hex string"},
-           {"config", 5, "\"config\" is an integer, not an object"}},
+  expect_meta_edits_refused(
+      ck,
+      MetaEdits{{"step", -5, "\"step\" is -5, not >= 0"},
+                {"epoch", "x", "\"epoch\" is a string, not an integer"},
+                {"batch_in_epoch", 1.5, "\"batch_in_epoch\" is a number, not an integer"},
+                {"step", nlohmann::json(), "\"step\" is null, not an integer"},
+                {"seed", "7", "\"seed\" is a string, not an integer"},
+                {"rng_state", 12, "\"rng_state\" is an integer, not a string"},
+                {"rank_rng_states", "ab", "\"rank_rng_states\" is a string, not an array"},
+                {"rank_rng_states", nlohmann::json::array({"ab", 3}),
+                 "\"rank_rng_states\"[1] is an integer, not a hex string"},
+                {"config", 5, "\"config\" is an integer, not an object"}},
       [&] { read_train_state(ck); });
   spit(ck + "/meta.json", std::string(1000, '[') + std::string(1000, ']'));
   const auto msg = error_with_hint([&] { read_train_state(ck); });
@@ -584,21 +584,29 @@ TEST(Checkpoint, LayerRangeAndModelConfigAreCheckedBeforeAModelIsBuilt) {
   const std::string ck = dir / "ck";
   t.save(ck, 3);
   const std::string good = slurp(ck + "/meta.json");
-  expect_meta_edits_refused(ck, MetaEdits{
-           {"layer_range", "0-4", "\"layer_range\" is a string, not an array"},
-           {"layer_range", nlohmann::json::array({0}), "\"layer_range\" is [0], not [begin, end]"},
-           {"layer_range", nlohmann::json::array({3, 1}), "\"layer_range\" is [3,1], not [begin, end] "
-                                                           "with 0 <= begin < end <= 4"},
-           {"layer_range", nlohmann::json::array({0, 1000000000}), "\"layer_range\" is [0,1000000000]"},
-           {"layer_range", nlohmann::json::array({"a", 2}), "\"layer_range\" is [\"a\",2], not"},
-           {"model_config", 7, "\"model_config\" is an integer, not an object"},
-           {"files", {{"model.safetensors", {{"bytes", "12"}, {"crc32", "0"}}}},
-            "\"files\"[\"model.safetensors\"]: \"bytes\" is a string, not an integer"},
-           {"files", {{"model.safetensors", 3}},
-            "\"files\": \"model.safetensors\" is an integer, not an object"},
-           // A config that would ask for terabytes is refused before anything is allocated.
-           {"model_config", {{"n_embd", 1000000000}}, "\"model_config\": GPT-2 config: n_embd "
-                                                      "= 1000000000 exceeds 65536"}},
+  expect_meta_edits_refused(
+      ck,
+      MetaEdits{
+          {"layer_range", "0-4", "\"layer_range\" is a string, not an array"},
+          {"layer_range", nlohmann::json::array({0}), "\"layer_range\" is [0], not [begin, end]"},
+          {"layer_range", nlohmann::json::array({3, 1}),
+           "\"layer_range\" is [3,1], not [begin, end] "
+           "with 0 <= begin < end <= 4"},
+          {"layer_range", nlohmann::json::array({0, 1000000000}),
+           "\"layer_range\" is [0,1000000000]"},
+          {"layer_range", nlohmann::json::array({"a", 2}), "\"layer_range\" is [\"a\",2], not"},
+          {"model_config", 7, "\"model_config\" is an integer, not an object"},
+          {"files",
+           {{"model.safetensors", {{"bytes", "12"}, {"crc32", "0"}}}},
+           "\"files\"[\"model.safetensors\"]: \"bytes\" is a string, not an integer"},
+          {"files",
+           {{"model.safetensors", 3}},
+           "\"files\": \"model.safetensors\" is an integer, not an object"},
+          // A config that would ask for terabytes is refused before anything is allocated.
+          {"model_config",
+           {{"n_embd", 1000000000}},
+           "\"model_config\": GPT-2 config: n_embd "
+           "= 1000000000 exceeds 65536"}},
       [&] { load_model(ck); });
   // Within the bounds, but more weights than model.safetensors holds (a 2-layer file).
   auto meta = nlohmann::json::parse(good);
@@ -657,8 +665,9 @@ TEST(CheckpointManifest, WrittenLastItMarksAMultiPartCheckpointAsCommitted) {
   EXPECT_EQ(manifest["format"], "gpt2p-checkpoint-set");
   EXPECT_EQ(manifest["step"], 7);
   EXPECT_EQ(manifest["stages"], nlohmann::json({"stage0"}));
-  EXPECT_NE(error_of([&] { write_checkpoint_manifest(root, nlohmann::json::array()); })
-                .find("must be a JSON object"),
+  EXPECT_NE(error_of([&] {
+              write_checkpoint_manifest(root, nlohmann::json::array());
+            }).find("must be a JSON object"),
             std::string::npos);
   // Staged elsewhere, committed with one rename.
   const std::string staged = dir / "set.tmp";

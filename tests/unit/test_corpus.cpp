@@ -95,7 +95,8 @@ TEST(Corpus, ReadJsonlErrorsNameFileAndLine) {
   EXPECT_NE(text.find(path + ":2:"), std::string::npos) << text;
   EXPECT_NE(text.find("\"translation\""), std::string::npos) << text;
 
-  const std::string broken = ::testing::TempDir() + "/broken_" + std::to_string(::getpid()) + ".jsonl";
+  const std::string broken =
+      ::testing::TempDir() + "/broken_" + std::to_string(::getpid()) + ".jsonl";
   std::ofstream(broken) << "{\"translation\": {\"de\": \"a\", \"en\": \"b\"}}\n{not json\n";
   const auto text2 = error_with_hint([&] { read_jsonl(broken); });
   EXPECT_NE(text2.find(broken + ":2: not valid JSON"), std::string::npos) << text2;

@@ -133,14 +133,16 @@ TEST(DatasetFile, TokenizerMismatchSaysWhatToRerun) {
   write_dataset_file(path, sample_meta(), sample_splits());
   const auto d = DatasetFile::open(path);
   EXPECT_NO_THROW(d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50260));
-  const auto text = error_with_hint([&] { d.require_tokenizer("gpt2-bpe:ffffffffffffffff", 50261); });
+  const auto text =
+      error_with_hint([&] { d.require_tokenizer("gpt2-bpe:ffffffffffffffff", 50261); });
   EXPECT_NE(text.find("dataset " + path +
                       " was made with tokenizer gpt2-bpe:0123456789abcdef (vocab 50260) but this "
                       "run uses gpt2-bpe:ffffffffffffffff (vocab 50261)"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("rerun prepare_data with --vocab-dir"), std::string::npos) << text;
-  const auto text2 = error_with_hint([&] { d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50257); });
+  const auto text2 =
+      error_with_hint([&] { d.require_tokenizer("gpt2-bpe:0123456789abcdef", 50257); });
   EXPECT_NE(text2.find("(vocab 50257)"), std::string::npos) << text2;
   const auto text3 = error_with_hint([&] { d.split("dev"); });
   EXPECT_NE(text3.find("has no split 'dev'"), std::string::npos) << text3;

@@ -1,6 +1,4 @@
 // One job per output directory: the lock, its holder's line, and its release.
-#include "gpt2p/core/dir_lock.h"
-
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "gpt2p/core/dir_lock.h"
 #include "gpt2p/core/error.h"
 #include "support/temp_dir.h"
 

@@ -121,7 +121,8 @@ TEST(FatalDeathTest, WithoutAHandlerItPrintsTheErrorAndExitsOne) {
         set_fatal_handler(nullptr);
         fatal(Error("watched operation late", "look at the peers", "w.cpp", 7));
       },
-      ::testing::ExitedWithCode(1), "error: .*w.cpp:7: watched operation late -- fix: look at the peers");
+      ::testing::ExitedWithCode(1),
+      "error: .*w.cpp:7: watched operation late -- fix: look at the peers");
 }
 
 }  // namespace

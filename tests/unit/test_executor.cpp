@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "gpt2p/core/error.h"
-#include "gpt2p/pipeline/runtime/executor.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/executor.h"
 
 namespace gpt2p::pipeline {
 namespace {
@@ -85,7 +85,9 @@ std::vector<std::string> expected_log(const RankActions& actions, int n_ranks) {
   for (const auto& a : actions) {
     const auto s = std::to_string(a.stage);
     if (a.is_compute()) {
-      const char* op = a.op == Action::Op::kForward ? "F" : a.op == Action::Op::kBackward ? "B" : "W";
+      const char* op = a.op == Action::Op::kForward    ? "F"
+                       : a.op == Action::Op::kBackward ? "B"
+                                                       : "W";
       out.push_back(s + op + std::to_string(a.microbatch));
     } else {
       out.push_back(std::to_string(rank_of_stage(a.stage, n_ranks)) +
@@ -170,7 +172,8 @@ TEST(Executor, PostsActivationsAndGradientsOnTheirOwnChannels) {
         std::vector<Channel> want;
         for (const auto& a : actions) {
           if (a.is_compute()) continue;
-          const bool act = a.op == Action::Op::kSendActivation || a.op == Action::Op::kRecvActivation;
+          const bool act =
+              a.op == Action::Op::kSendActivation || a.op == Action::Op::kRecvActivation;
           want.push_back(act ? Channel::kActivations : Channel::kGradients);
         }
         EXPECT_EQ(transport.channels, want) << to_string(kind) << " n=" << n << " stage " << s;

@@ -1,10 +1,10 @@
 // core/fnv1a.h against the published FNV-1a 64 test vectors.
-#include "gpt2p/core/fnv1a.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
+
+#include "gpt2p/core/fnv1a.h"
 
 namespace gpt2p {
 namespace {

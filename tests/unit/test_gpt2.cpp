@@ -140,8 +140,9 @@ TEST(GPT2, EmbeddingGradSinkTakesTheLookupsPartOfTheTiedGradient) {
   EXPECT_TRUE(torch::allclose(tied_grad(), plain, 1e-6, 1e-8));
   EXPECT_EQ(calls, 1);
   GPT2 tail(c, LayerRange{1, static_cast<int>(c.num_stage_layers())});
-  EXPECT_NE(error_of([&] { tail->set_embedding_grad_sink([](const auto&, const auto&) {}); })
-                .find("stage without the embedding"),
+  EXPECT_NE(error_of([&] {
+              tail->set_embedding_grad_sink([](const auto&, const auto&) {});
+            }).find("stage without the embedding"),
             std::string::npos);
 }
 

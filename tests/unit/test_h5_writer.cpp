@@ -57,7 +57,6 @@ std::string error_text(const std::function<void()>& f) {
   return "(no error)";
 }
 
-
 }  // namespace
 
 TEST(H5Writer, AppendsRowsAndRenamesOnClose) {

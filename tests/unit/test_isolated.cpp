@@ -1,6 +1,5 @@
-// core/isolated.h: work run in a child process, whose crash, hang or exit does not reach the caller.
-#include "gpt2p/core/isolated.h"
-
+// core/isolated.h: work run in a child process, whose crash, hang or exit does not reach the
+// caller.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/core/isolated.h"
 
 namespace gpt2p {
 namespace {
@@ -44,9 +44,11 @@ TEST(Isolated, AnExitInsideTheWorkIsItsStatus) {
 
 TEST(Isolated, WorkThatHangsIsKilledAtTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
-  const IsolatedRun run = run_isolated([] {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }, 0.3);
+  const IsolatedRun run = run_isolated(
+      [] {
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      },
+      0.3);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(run.kind, Kind::kTimedOut);

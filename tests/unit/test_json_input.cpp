@@ -1,6 +1,4 @@
 // Bounded JSON input: depth and size limits, special files, and messages that name the source.
-#include "gpt2p/io/json_input.h"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "gpt2p/core/error.h"
+#include "gpt2p/io/json_input.h"
 #include "support/temp_dir.h"
 
 namespace gpt2p::io {
@@ -109,8 +108,7 @@ TEST(JsonInput, FieldsOfTheWrongTypeOrRangeNameTheSourceAndKey) {
   EXPECT_EQ(json_field(j, "a", JsonType::kArray, "m.json", "fix").size(), 1U);
   EXPECT_EQ(json_int_field(j, "n", 0, 10, "m.json", "fix"), 5);
   EXPECT_EQ(json_int_field(j, "neg", -3, 0, "m.json", "fix"), -3);
-  for (const auto& [call, expect] :
-       std::vector<std::pair<std::function<void()>, std::string>>{
+  for (const auto& [call, expect] : std::vector<std::pair<std::function<void()>, std::string>>{
            {[&] { json_field(j, "s", JsonType::kInteger, "m.json", "fix"); },
             "m.json: \"s\" is a string, not an integer -- fix: fix"},
            {[&] { json_field(j, "missing", JsonType::kObject, "m.json", "fix"); },
@@ -121,10 +119,14 @@ TEST(JsonInput, FieldsOfTheWrongTypeOrRangeNameTheSourceAndKey) {
             "m.json: \"f\" is a number, not an integer"},
            {[&] { json_int_field(j, "n", 6, 10, "m.json", "fix"); },
             "m.json: \"n\" is 5, outside [6, 10]"},
-           {[&] { json_int_field(j, "neg", 0, std::numeric_limits<int64_t>::max(), "m.json", "f"); },
+           {[&] {
+              json_int_field(j, "neg", 0, std::numeric_limits<int64_t>::max(), "m.json", "f");
+            },
             "m.json: \"neg\" is -3, not >= 0"},
            // 2^64 - 1 does not fit an int64_t: refused, not wrapped to -1.
-           {[&] { json_int_field(j, "big", -5, std::numeric_limits<int64_t>::max(), "m.json", "f"); },
+           {[&] {
+              json_int_field(j, "big", -5, std::numeric_limits<int64_t>::max(), "m.json", "f");
+            },
             "m.json: \"big\" is 18446744073709551615, not >= -5"}}) {
     const auto msg = error_of(call);
     EXPECT_NE(msg.find(expect), std::string::npos) << msg;

@@ -92,8 +92,9 @@ TEST(LayerProfile, AHeadAtTheTargetPositionsOnlyEvensTheCut) {
   EXPECT_DOUBLE_EQ(targets.back(), 0.092 * full.back());
   EXPECT_EQ(targets[1], full[1]);
   EXPECT_EQ(to_string(partition_balanced(targets, 2)), "0-6|7-13");
-  EXPECT_NE(error_of([] { layer_costs_flops(12, 768, 12, 128, 50304, 0.0); }).find("loss fraction 0"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { layer_costs_flops(12, 768, 12, 128, 50304, 0.0); }).find("loss fraction 0"),
+      std::string::npos);
 }
 
 TEST(LayerProfile, BadArgumentsSayWhatToPass) {
@@ -167,7 +168,8 @@ TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
 
 TEST(Plan, InterleavedRowsSplitIntoStagesTimesVAndNeedMAMultipleOfTheRanks) {
   const auto config = small_plan_model();
-  PlanSpec spec = small_plan_spec(2, 12, {3, 4});  // 3 is no multiple of 2 ranks: no interleaved row
+  PlanSpec spec =
+      small_plan_spec(2, 12, {3, 4});  // 3 is no multiple of 2 ranks: no interleaved row
   spec.stages_per_rank = {1, 3};
   const Plan plan = make_plan(config, spec, c10::kCPU);
   int interleaved = 0;
@@ -215,8 +217,9 @@ TEST(Plan, ZeroBubbleRowsForEachMemoryAllowanceWithTheirOwnIdeal) {
   const auto rows = to_json(plan, static_cast<int>(config.n_layer))["predictions"];
   EXPECT_EQ(rows[2]["zb_extra_live"], kNoLiveLimit) << rows[2];
   spec.zb_extra_live = {-3};
-  EXPECT_NE(error_of([&] { make_plan(config, spec, c10::kCPU); })
-                .find("zero-bubble extra live micro-batches -3"),
+  EXPECT_NE(error_of([&] {
+              make_plan(config, spec, c10::kCPU);
+            }).find("zero-bubble extra live micro-batches -3"),
             std::string::npos);
 }
 
@@ -263,7 +266,8 @@ TEST(PpPlan, HybridPredictsEverySplitOfTheGpus) {
   const std::string cmd = plan_binary() +
                           " --device cpu --preset tiny --n-layer 4 --vocab-size 300 --gpus 4"
                           " --batch-size 8 --seq-len 8 --microbatches 1,2,4 --reps 1"
-                          " --allreduce-gbs 100 --json-out " + json + " > " + (dir / "out.txt");
+                          " --allreduce-gbs 100 --json-out " +
+                          json + " > " + (dir / "out.txt");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto doc = nlohmann::json::parse(std::ifstream(json));
   ASSERT_EQ(doc["hybrid"].size(), 3U);
@@ -293,16 +297,17 @@ TEST(PpPlan, HybridPredictsEverySplitOfTheGpus) {
 // --recompute blocks --zero 1 --gpus 4: every D x P row has each rank's peak memory, estimated
 // on the CPU. One rank holding the whole model over D = 4 replicas keeps its 8 bytes of weight
 // and gradient per parameter, 4 of gradient buckets, a quarter of the moments and its shard's
-// reduced gradient (15 in all): at least 10 and below the unsharded 16 bytes per parameter (its activations are a few hundred kB here). Without replicas nothing is
-// sharded: the 4 ranks of D = 1 hold at least 16 bytes per parameter together.
+// reduced gradient (15 in all): at least 10 and below the unsharded 16 bytes per parameter (its
+// activations are a few hundred kB here). Without replicas nothing is sharded: the 4 ranks of D = 1
+// hold at least 16 bytes per parameter together.
 TEST(PpPlan, HybridPredictsPeakMemoryWithRecomputeAndZeroOne) {
   testing::TempDir dir;
   const std::string json = (dir / "hybrid.json");
   const std::string cmd = plan_binary() +
                           " --device cpu --preset tiny --n-layer 4 --vocab-size 300 --gpus 4"
                           " --batch-size 8 --seq-len 8 --microbatches 1,2,4 --reps 1"
-                          " --recompute blocks --zero 1 --json-out " + json + " > " +
-                          (dir / "out.txt");
+                          " --recompute blocks --zero 1 --json-out " +
+                          json + " > " + (dir / "out.txt");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto doc = nlohmann::json::parse(std::ifstream(json));
   EXPECT_EQ(doc["recompute"], "blocks");

@@ -39,15 +39,16 @@ Head random_head(int64_t n, uint64_t seed) {
 
 torch::Tensor plain_loss(const Head& h, int64_t vocab) {
   const auto logits = h.hidden.mm(h.weight.t()).narrow(1, 0, vocab);
-  const auto ce = F::cross_entropy(logits, h.labels, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  const auto ce =
+      F::cross_entropy(logits, h.labels, F::CrossEntropyFuncOptions().reduction(torch::kNone));
   return (ce * h.weights).sum();
 }
 
 TEST(LinearCrossEntropy, LossAndGradientsEqualThePlainHeadForEveryChunking) {
   for (int64_t chunk : {1, 3, 7, 23, 4096}) {
     Head a = random_head(23, 5), b = random_head(23, 5);
-    const auto fused = linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50,
-                                            torch::kFloat32, chunk);
+    const auto fused =
+        linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50, torch::kFloat32, chunk);
     const auto plain = plain_loss(b, 50);
     EXPECT_LT(std::abs(fused.item<double>() - plain.item<double>()) / plain.item<double>(), 1e-6)
         << "chunk " << chunk;
@@ -81,16 +82,16 @@ TEST(LinearCrossEntropy, WithoutGradModeOnlyTheLoss) {
       linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50, torch::kFloat32, 4)
           .item<double>();
   torch::NoGradGuard no_grad;
-  const auto loss = linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50,
-                                         torch::kFloat32, 4);
+  const auto loss =
+      linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50, torch::kFloat32, 4);
   EXPECT_FALSE(loss.requires_grad());
   EXPECT_NEAR(loss.item<double>(), with_grads, 1e-6 * std::abs(with_grads));
 }
 
 TEST(LinearCrossEntropy, Bf16IsCloseToFloat32) {
   Head a = random_head(31, 4), b = random_head(31, 4);
-  const auto fused = linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50,
-                                          torch::kBFloat16, 8);
+  const auto fused =
+      linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50, torch::kBFloat16, 8);
   const auto plain = plain_loss(b, 50);
   EXPECT_EQ(fused.scalar_type(), torch::kFloat32);
   EXPECT_LT(std::abs(fused.item<double>() - plain.item<double>()) / plain.item<double>(), 2e-2);
@@ -124,7 +125,8 @@ TEST(LinearCrossEntropy, BadShapesSayWhatToPass) {
 
 TEST(LossRows, TargetsKeepTheMaskedPositionsOfEachMicroBatch) {
   const auto labels = torch::arange(12, torch::kLong).view({4, 3});
-  const auto mask = torch::tensor({0, 1, 1, 0, 0, 0, 1, 0, 1, 0, 1, 0}, torch::kFloat32).view({4, 3});
+  const auto mask =
+      torch::tensor({0, 1, 1, 0, 0, 0, 1, 0, 1, 0, 1, 0}, torch::kFloat32).view({4, 3});
   const auto parts = loss_rows(labels, mask, 2, 0.5, LossPositions::kTargets);
   ASSERT_EQ(parts.size(), 2u);
   // Micro-batch 0 = rows 0-1 (positions 0..5), micro-batch 1 = rows 2-3.
@@ -148,8 +150,9 @@ TEST(LossRows, AllKeepsEveryPositionWithZeroWeightsAndValidLabels) {
 
 TEST(LossRows, RejectsPartsThatDoNotDivideAndUnknownNames) {
   const auto labels = torch::zeros({3, 2}, torch::kLong);
-  EXPECT_NE(error_of([&] { loss_rows(labels, torch::ones({3, 2}), 2, 1.0, LossPositions::kAll); })
-                .find("3 rows do not split into 2 parts"),
+  EXPECT_NE(error_of([&] {
+              loss_rows(labels, torch::ones({3, 2}), 2, 1.0, LossPositions::kAll);
+            }).find("3 rows do not split into 2 parts"),
             std::string::npos);
   EXPECT_EQ(from_name<LossPositions>(name_of(LossPositions::kAll)), LossPositions::kAll);
   EXPECT_FALSE(from_name<LossPositions>("some").has_value());

@@ -7,11 +7,11 @@
 #include "gpt2p/model/options.h"
 #include "gpt2p/parallel/train_options.h"
 
+using gpt2p::cli::UsageError;
 using gpt2p::parallel::DeviceKind;
 using gpt2p::parallel::GradSyncMode;
 using gpt2p::parallel::Program;
 using gpt2p::parallel::TrainConfig;
-using gpt2p::cli::UsageError;
 
 namespace {
 
@@ -22,7 +22,8 @@ TrainConfig parse(std::vector<std::string> words, Program program = Program::kDa
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   TrainConfig cfg;
-  EXPECT_TRUE(gpt2p::parallel::parse_train_args(cfg, program, static_cast<int>(argv.size()), argv.data()));
+  EXPECT_TRUE(
+      gpt2p::parallel::parse_train_args(cfg, program, static_cast<int>(argv.size()), argv.data()));
   gpt2p::parallel::resolve_train_config(cfg, program, cuda);
   return cfg;
 }
@@ -70,7 +71,8 @@ TEST(TrainOptions, ExplicitFlagsWin) {
 }
 
 TEST(TrainOptions, BadValuesNameTheFlag) {
-  EXPECT_NE(usage_error({"--grad-sync", "ring"}).find("--grad-sync 'ring' is not one of: per-param | bucketed"),
+  EXPECT_NE(usage_error({"--grad-sync", "ring"})
+                .find("--grad-sync 'ring' is not one of: per-param | bucketed"),
             std::string::npos);
   EXPECT_NE(usage_error({"--schedule", "pipedream"}, Program::kPipeline)
                 .find("--schedule 'pipedream' is not one of: gpipe | 1f1b | interleaved"),

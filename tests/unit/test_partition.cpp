@@ -290,7 +290,9 @@ TEST(ZeroBubbleCosts, RejectsSplitsThatDoNotCoverTheModel) {
   EXPECT_NE(gap.find("does not continue the split at layer 2"), std::string::npos) << gap;
   const auto short_split = error_of([] { zero_bubble_costs({{0, 2}, {2, 3}}, 2, 4, 2, 10, 1); });
   EXPECT_NE(short_split.find("ends at layer 3 of 4"), std::string::npos) << short_split;
-  EXPECT_NE(error_of([] { zero_bubble_costs({{0, 4}}, 2, 4, 2, 10, 0); }).find("loss fraction 0"),
+  EXPECT_NE(error_of([] {
+              zero_bubble_costs({{0, 4}}, 2, 4, 2, 10, 0);
+            }).find("loss fraction 0"),
             std::string::npos);
 }
 

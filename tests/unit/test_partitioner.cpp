@@ -99,9 +99,10 @@ TEST(Partitioner, BatchMustDivide) {
   EXPECT_NE(text.find("global batch size 30 does not divide over 4 ranks"), std::string::npos)
       << text;
   EXPECT_NE(text.find("multiple of the number of ranks (e.g. 28)"), std::string::npos) << text;
-  EXPECT_NE(
-      error_with_hint([] { partition_dataset(4, 4, 128, 32, 1); }).find("rank 4 is not in a world of 4"),
-      std::string::npos);
+  EXPECT_NE(error_with_hint([] {
+              partition_dataset(4, 4, 128, 32, 1);
+            }).find("rank 4 is not in a world of 4"),
+            std::string::npos);
 }
 
 TEST(BatchSampler, EpochsCoverIndicesAndDiffer) {

@@ -83,8 +83,9 @@ TEST(Predict, StageOverheadIsPaidPerStageAndMicroBatch) {
   const Partition two{{0, 2}, {2, 5}};
   EXPECT_NEAR(predict_step(ScheduleKind::kGPipe, 1, two, costs, model).step, 13.0, 1e-9);
   model.stage_overhead = -1;
-  EXPECT_NE(error_of([&] { predict_step(ScheduleKind::kGPipe, 1, two, costs, model); })
-                .find("stage overhead -1 < 0"),
+  EXPECT_NE(error_of([&] {
+              predict_step(ScheduleKind::kGPipe, 1, two, costs, model);
+            }).find("stage overhead -1 < 0"),
             std::string::npos);
 }
 
@@ -171,8 +172,9 @@ TEST(PredictMemory, TheEstimateCountsWhatTheReferencePathKeeps) {
   EXPECT_DOUBLE_EQ(bf16.block, tokens * (16 + 4 * 2 + 15 * 8 * 2 + 8 * 8) + 24 * 8 * 8);
   EXPECT_DOUBLE_EQ(bf16.block_recompute, tokens * 4 * 8);
   EXPECT_DOUBLE_EQ(bf16.embedding, tokens * 4 * 8 + 8 * 4);
-  EXPECT_NE(error_of([] { estimate_activation_bytes(counted_model(0.1), 0, 4, false, 1.0); })
-                .find("rows 0"),
+  EXPECT_NE(error_of([] {
+              estimate_activation_bytes(counted_model(0.1), 0, 4, false, 1.0);
+            }).find("rows 0"),
             std::string::npos);
 }
 
@@ -196,8 +198,7 @@ TEST(PredictMemory, StatesAreSixteenBytesPerParameterWithTheHeadsOwnWte) {
   const double embedding = static_cast<double>(config.layer_parameters(0));
   EXPECT_DOUBLE_EQ(stage_parameters(config, kTwoStages[0]), embedding + 3 * block);
   EXPECT_DOUBLE_EQ(stage_parameters(config, kTwoStages[1]), 3 * block + 2 * 8 + 64 * 8);
-  EXPECT_DOUBLE_EQ(stage_parameters(config, {0, 8}),
-                   static_cast<double>(config.num_parameters()));
+  EXPECT_DOUBLE_EQ(stage_parameters(config, {0, 8}), static_cast<double>(config.num_parameters()));
   const auto schedule = make_schedule(ScheduleKind::kOneFOneB, 4, 2);
   const auto mem = predict_memory(config, kTwoStages, schedule, made_up_bytes(), {});
   ASSERT_EQ(mem.size(), 2U);
@@ -288,7 +289,9 @@ TEST(PredictMemory, InterleavedWeighsEachLiveMicroBatchByItsStage) {
     EXPECT_GT(peak[r], sim.max_live_activations[r] * small);
     EXPECT_LT(peak[r], sim.max_live_activations[r] * large);
   }
-  EXPECT_NE(error_of([&] { peak_activation_bytes(schedule, {1, 2}); }).find("names a stage"),
+  EXPECT_NE(error_of([&] {
+              peak_activation_bytes(schedule, {1, 2});
+            }).find("names a stage"),
             std::string::npos);
 }
 
@@ -307,8 +310,8 @@ Partition split_of(const std::string& text) {
 // The same plan with recompute and with ZeRO-1 over 2 replicas: per rank, recompute keeps less
 // (a stage's 6 blocks down to their outputs, plus one whole block); 2 replicas add their gradient
 // buckets (4 bytes per parameter of the rank), and ZeRO-1 over them saves half the moments less
-// the shard's reduced gradient (4 - 2 = 2 bytes per parameter). The measured split is left out of the comparison:
-// a second measurement may cut elsewhere.
+// the shard's reduced gradient (4 - 2 = 2 bytes per parameter). The measured split is left out of
+// the comparison: a second measurement may cut elsewhere.
 TEST(PredictMemory, ThePlannersRowsWithRecomputeAndZeroOne) {
   // 12 blocks, 32 wide, vocabulary 300: planned in well under a second on the CPU.
   auto config = model::preset("tiny");

@@ -327,8 +327,9 @@ TEST(ZeroBubble, RejectsCostsThatDoNotFitAndBasesItCannotSplit) {
   fails(ranks({"1F0", "0F0"}), zb_costs(2, 1, 1, 1), "rank 0 holds '1F0' of stage 1 (of 2)");
   fails(ranks({"0F0 0F0 0B0", "1F0 1B0"}), zb_costs(2, 1, 1, 1), "the base runs '0F0' twice");
   fails(Schedule{}, zb_costs(2, 1, 1, 1), "the base schedule has no rank lists");
-  EXPECT_NE(error_of([&] { zero_bubble_schedule(base, zb_costs(2, 1, 1, 1), -2); })
-                .find("extra_live is -2"),
+  EXPECT_NE(error_of([&] {
+              zero_bubble_schedule(base, zb_costs(2, 1, 1, 1), -2);
+            }).find("extra_live is -2"),
             std::string::npos);
   // Dependencies that can never be met: a B before its own F, a B whose next-stage B is missing.
   fails(ranks({"0F0 0B0", "1B0 1F0"}), zb_costs(2, 1, 1, 1),

@@ -264,8 +264,8 @@ TEST(Simulate, InterleavingShrinksTheBubble) {
 TEST(Rules, OneStreamDeadlocksOneFOneBButNotGPipe) {
   // Why pp_train uses two streams: on one, stage 0's send of F1 waits for a receive that stage 1
   // queued behind its own send of B0, which waits for a receive queued behind F1's send.
-  const SimResult ofob = simulate(make_schedule(ScheduleKind::kOneFOneB, 4, 2), {},
-                                  Transfers::kOneStream);
+  const SimResult ofob =
+      simulate(make_schedule(ScheduleKind::kOneFOneB, 4, 2), {}, Transfers::kOneStream);
   EXPECT_FALSE(ofob.ok);
   EXPECT_NE(ofob.deadlock_reason.find("rank 0 waits forever at action #3 '0SEND_F1->1': the "
                                       "matching transfer never starts; rank 1 is at action #3 "
@@ -519,9 +519,9 @@ TEST(Simulate, ZeroBubbleAtTheBaseMemoryKeepsTheGain) {
   ASSERT_TRUE(split.ok) << split.deadlock_reason;
   EXPECT_EQ(split.max_live_activations, (std::vector<int>{2, 2})) << to_string(zb);
   EXPECT_DOUBLE_EQ(split.makespan, 13.0) << to_string(zb);
-  const SimResult unlimited = simulate(add_communication(zero_bubble_schedule(base, costs.zb,
-                                                                              kNoLiveLimit), 2),
-                                       costs.split, Transfers::kStreamPerDirection);
+  const SimResult unlimited =
+      simulate(add_communication(zero_bubble_schedule(base, costs.zb, kNoLiveLimit), 2),
+               costs.split, Transfers::kStreamPerDirection);
   EXPECT_DOUBLE_EQ(unlimited.makespan, 13.0);
   EXPECT_EQ(unlimited.max_live_activations, (std::vector<int>{4, 4}));
 }

@@ -1,8 +1,7 @@
+#include <gtest/gtest.h>
 #include <pthread.h>
 
 #include <csignal>
-
-#include <gtest/gtest.h>
 
 #include "gpt2p/core/stop_signal.h"
 

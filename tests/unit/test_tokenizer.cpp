@@ -15,8 +15,8 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/byte_unicode.h"
-#include "support/temp_dir.h"
 #include "support/errors.h"
+#include "support/temp_dir.h"
 
 namespace gpt2p::data {
 namespace {
@@ -274,8 +274,7 @@ int run_tokenize(const std::string& flags, const std::string& input, std::string
   const TempDir dir;
   write(dir / "in.jsonl", input);
   const std::string cmd = tokenize_binary() + " --vocab-dir " + vocab_dir() + " " + flags + " < " +
-                          (dir / "in.jsonl") + " > " + (dir / "out.jsonl") +
-                          " 2>&1";
+                          (dir / "in.jsonl") + " > " + (dir / "out.jsonl") + " 2>&1";
   const int status = std::system(cmd.c_str());
   out = read(dir / "out.jsonl");
   return status;
@@ -284,7 +283,8 @@ int run_tokenize(const std::string& flags, const std::string& input, std::string
 TEST(TokenizeProgram, BlankLinesAreSkippedAndErrorsKeepTheInputLineNumbers) {
   ASSERT_TRUE(fs::exists(tokenize_binary())) << tokenize_binary() << " (build target tokenize)";
   std::string out;
-  ASSERT_EQ(run_tokenize("", "{\"text\": \"Hello world\"}\n\n  \r\n{\"text\": \"Hello\"}\n", out), 0)
+  ASSERT_EQ(run_tokenize("", "{\"text\": \"Hello world\"}\n\n  \r\n{\"text\": \"Hello\"}\n", out),
+            0)
       << out;
   EXPECT_EQ(out, "{\"ids\":[15496,995]}\n{\"ids\":[15496]}\n");
   ASSERT_EQ(run_tokenize("--decode", "\n{\"ids\": [15496, 995]}\n\n", out), 0) << out;

@@ -20,9 +20,9 @@
 #include "gpt2p/parallel/grad_sync.h"
 #include "gpt2p/parallel/run_context.h"
 #include "gpt2p/parallel/train_data.h"
-#include "support/temp_dir.h"
 #include "support/errors.h"
 #include "support/small_model.h"
+#include "support/temp_dir.h"
 
 namespace gpt2p::parallel {
 namespace {

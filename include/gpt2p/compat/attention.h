@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "gpt2p/compat/version.h"
 #include "gpt2p/compat/attention_choice.h"
+#include "gpt2p/compat/version.h"
 
 namespace gpt2p::compat {
 

@@ -57,7 +57,8 @@ class FileWriter {
 // Calls `write(tmp_path)`, then renames tmp_path over `path`. On any exception the temporary is
 // removed and the exception propagates; `path` is either the old file or the complete new one.
 // The new file and its directory are fsynced, so the rename survives a crash.
-void write_atomically(const std::string& path, const std::function<void(const std::string&)>& write);
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string&)>& write);
 
 // Same, with a checked FileWriter on the temporary (closed, i.e. fsynced, before the rename).
 void write_file_atomically(const std::string& path, const std::function<void(FileWriter&)>& write);
@@ -79,7 +80,8 @@ void replace_dir(const std::string& staged, const std::string& dir);
 // one is in place). On any exception the temporary directory is removed and `dir` is untouched.
 // After a success it also removes "<dir>.tmp.<pid>" and "<dir>.old.<pid>" of processes that no
 // longer run on this host (a save killed midway).
-void write_dir_atomically(const std::string& dir, const std::function<void(const std::string&)>& write);
+void write_dir_atomically(const std::string& dir,
+                          const std::function<void(const std::string&)>& write);
 
 // fsync of a directory (its entries: created, renamed and removed files). Throws a FileError.
 void fsync_dir(const std::string& dir);

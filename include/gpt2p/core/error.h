@@ -47,24 +47,24 @@ namespace detail {
 }  // namespace gpt2p
 
 // GPT2P_CHECK(cond, what, hint): `what` and `hint` are stream expressions.
-#define GPT2P_CHECK(cond, what, hint)                                                   \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::ostringstream gpt2p_what_, gpt2p_hint_;                                      \
-      gpt2p_what_ << what;  /* NOLINT(bugprone-macro-parentheses) */                    \
-      gpt2p_hint_ << hint;  /* NOLINT(bugprone-macro-parentheses) */                    \
+#define GPT2P_CHECK(cond, what, hint)                                                         \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::ostringstream gpt2p_what_, gpt2p_hint_;                                            \
+      gpt2p_what_ << what; /* NOLINT(bugprone-macro-parentheses) */                           \
+      gpt2p_hint_ << hint; /* NOLINT(bugprone-macro-parentheses) */                           \
       ::gpt2p::detail::throw_error(gpt2p_what_.str(), gpt2p_hint_.str(), __FILE__, __LINE__); \
-    }                                                                                   \
+    }                                                                                         \
   } while (0)
 
 // GPT2P_FAIL(what, hint): unconditional.
 #define GPT2P_FAIL(what, hint) GPT2P_CHECK(false, what, hint)
 
 // GPT2P_MPI_CHECK(call): MPI calls return MPI_SUCCESS or an error code turned into text.
-#define GPT2P_MPI_CHECK(call)                                                   \
-  do {                                                                          \
-    const int gpt2p_rc_ = (call);                                               \
-    if (gpt2p_rc_ != 0) {                                                       \
-      ::gpt2p::detail::throw_mpi_error(gpt2p_rc_, #call, __FILE__, __LINE__);   \
-    }                                                                           \
+#define GPT2P_MPI_CHECK(call)                                                 \
+  do {                                                                        \
+    const int gpt2p_rc_ = (call);                                             \
+    if (gpt2p_rc_ != 0) {                                                     \
+      ::gpt2p::detail::throw_mpi_error(gpt2p_rc_, #call, __FILE__, __LINE__); \
+    }                                                                         \
   } while (0)

@@ -23,9 +23,9 @@ struct Topology {
 // Initialises MPI (thread level SERIALIZED: on GPUs, autograd hooks may call the MPI backend from
 // torch's backward thread while the main thread waits in backward) on construction and finalises it
 // on destruction.
-// MPI errors on MPI_COMM_WORLD return codes instead of aborting, so GPT2P_MPI_CHECK can report them.
-// It also starts the process's roll call (roll_call.h), which names the peers a timed-out wait
-// is missing.
+// MPI errors on MPI_COMM_WORLD return codes instead of aborting, so GPT2P_MPI_CHECK can report
+// them. It also starts the process's roll call (roll_call.h), which names the peers a timed-out
+// wait is missing.
 class MpiEnv {
  public:
   MpiEnv(int* argc, char*** argv);

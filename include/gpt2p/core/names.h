@@ -2,13 +2,13 @@
 // spelling lives in one place. An enum opts in with a constexpr `names` function beside it, found
 // by argument-dependent lookup:
 //
-//   enum class Precision { kFp32, kTf32, kBf16 };
-//   constexpr std::array<Named<Precision>, 3> names(Precision) {
-//     return {{{Precision::kFp32, "fp32"}, {Precision::kTf32, "tf32"}, {Precision::kBf16, "bf16"}}};
+//   enum class Precision { kFp32, kBf16 };
+//   constexpr std::array<Named<Precision>, 2> names(Precision) {
+//     return {{{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}}};
 //   }
 //
-//   name_of(Precision::kBf16) == "bf16";  from_name<Precision>("tf32") == Precision::kTf32;
-//   choices<Precision>() == "fp32 | tf32 | bf16"
+//   name_of(Precision::kBf16) == "bf16";  from_name<Precision>("fp32") == Precision::kFp32;
+//   choices<Precision>() == "fp32 | bf16"
 //
 // The command line reads them with cli::named_value (cli/options.h).
 #pragma once

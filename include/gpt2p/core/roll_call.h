@@ -54,8 +54,8 @@ class RollCall {
   int size_ = 1;
   std::vector<std::string> hosts_;
   MPI_Request ping_request_ = MPI_REQUEST_NULL;
-  int ping_in_ = 0;       // the received ping: the tag its answer goes back on
-  int next_call_ = 0;     // numbers this rank's roll calls, so late answers never match a new one
+  int ping_in_ = 0;    // the received ping: the tag its answer goes back on
+  int next_call_ = 0;  // numbers this rank's roll calls, so late answers never match a new one
 };
 
 // "2", "2-3", "0-1, 4": a sorted list of ranks, runs collapsed.

@@ -12,8 +12,8 @@ namespace gpt2p::data {
 std::string tokenize_13a(const std::string& line);
 
 struct BleuScore {
-  double score = 0;                  // 0..100
-  std::vector<double> precisions;    // 4 n-gram precisions, in percent (after smoothing)
+  double score = 0;                // 0..100
+  std::vector<double> precisions;  // 4 n-gram precisions, in percent (after smoothing)
   double brevity_penalty = 0;
   long long sys_len = 0;
   long long ref_len = 0;

@@ -7,15 +7,15 @@
 // source.
 //
 //   const nlohmann::json meta = io::read_json_file(dir + "/meta.json", kCorruptFix);
-//   const nlohmann::json row = io::parse_json(line, path + ":" + std::to_string(n), "fix the line");
+//   const nlohmann::json row = io::parse_json(line, path + ":" + std::to_string(n), "fix the
+//   line");
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace gpt2p::io {
 
@@ -55,7 +55,7 @@ const nlohmann::json& json_field(const nlohmann::json& object, const std::string
 
 // The integer member `key` of `object`, refused as json_field refuses a field, and also when it
 // lies outside [lo, hi].
-int64_t json_int_field(const nlohmann::json& object, const std::string& key, int64_t lo,
-                       int64_t hi, const std::string& source, const std::string& hint);
+int64_t json_int_field(const nlohmann::json& object, const std::string& key, int64_t lo, int64_t hi,
+                       const std::string& source, const std::string& hint);
 
 }  // namespace gpt2p::io

@@ -29,9 +29,9 @@ struct SafetensorsEntry {
 
 struct SafetensorsHeader {
   std::map<std::string, std::string> metadata;  // the "__metadata__" object (string values)
-  std::vector<SafetensorsEntry> entries;         // in the order of their names
-  uint64_t data_offset = 0;                      // where the data section starts: 8 + N
-  uint64_t data_size = 0;                        // its length: the rest of the file
+  std::vector<SafetensorsEntry> entries;        // in the order of their names
+  uint64_t data_offset = 0;                     // where the data section starts: 8 + N
+  uint64_t data_size = 0;                       // its length: the rest of the file
 };
 
 // Bytes per element of a safetensors dtype name; throws gpt2p::Error naming `path`, the tensor

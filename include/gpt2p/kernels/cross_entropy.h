@@ -22,7 +22,7 @@ struct CrossEntropyChunk {
   void* logits = nullptr;  // [rows, ld] of ElementType, row-major; overwritten when grad
   ElementType type = ElementType::kBFloat16;
   int64_t rows = 0, ld = 0;
-  int64_t vocab = 0, padded = 0;  // columns that count, and columns in all (padded <= ld)
+  int64_t vocab = 0, padded = 0;    // columns that count, and columns in all (padded <= ld)
   const int64_t* labels = nullptr;  // [rows], device
   const float* weights = nullptr;   // [rows], device
   float* losses = nullptr;          // [rows], device: the weighted loss of each row

@@ -22,6 +22,7 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
 // x W^T + b, like torch::linear, in bfloat16 when autocast is on for x's device (as autocast's
 // linear) and in the weight's type otherwise; differentiable in x, weight and bias, with the
 // weight and bias gradients from linear_weight_grads. x [..., in], weight [out, in], bias [out].
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias);
 
 }  // namespace gpt2p::kernels

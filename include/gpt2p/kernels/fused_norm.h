@@ -19,8 +19,8 @@ struct NormResult {
 // x [..., C] float32; delta undefined or x's shape in float32 or bfloat16; gamma, beta [C]
 // float32; out_type bfloat16 or float32. All CUDA, contiguous, on one device; C <= 8192.
 NormResult add_layer_norm_forward(const torch::Tensor& x, const torch::Tensor& delta,
-                                  const torch::Tensor& gamma, const torch::Tensor& beta,
-                                  double eps, torch::ScalarType out_type);
+                                  const torch::Tensor& gamma, const torch::Tensor& beta, double eps,
+                                  torch::ScalarType out_type);
 
 // The gradients of add_layer_norm_forward's out: dout [..., C] (bfloat16 or float32), y, mean
 // and rstd as it returned them, gamma; dresidual undefined or float32 of y's shape (the gradient

@@ -30,8 +30,8 @@ namespace gpt2p::kernels {
 inline constexpr int64_t kLayerNormMaxCols = 8192;
 
 struct AddLayerNormForward {
-  const float* x = nullptr;      // [rows, cols]
-  const void* delta = nullptr;   // [rows, cols] of delta_type, or null: no residual add
+  const float* x = nullptr;     // [rows, cols]
+  const void* delta = nullptr;  // [rows, cols] of delta_type, or null: no residual add
   ElementType delta_type = ElementType::kBFloat16;
   const float* gamma = nullptr;  // [cols]
   const float* beta = nullptr;   // [cols]
@@ -39,8 +39,8 @@ struct AddLayerNormForward {
                                  // ignored without it
   void* out = nullptr;           // [rows, cols] of out_type
   ElementType out_type = ElementType::kBFloat16;
-  float* mean = nullptr;         // [rows]
-  float* rstd = nullptr;         // [rows]
+  float* mean = nullptr;  // [rows]
+  float* rstd = nullptr;  // [rows]
   int64_t rows = 0, cols = 0;
   float eps = 1e-5f;
 };
@@ -48,15 +48,15 @@ struct AddLayerNormForward {
 struct AddLayerNormBackward {
   const void* dout = nullptr;  // [rows, cols] of dout_type: the gradient arriving at out
   ElementType dout_type = ElementType::kBFloat16;
-  const float* y = nullptr;     // [rows, cols]: the forward's normalised input
-  const float* mean = nullptr;  // [rows], as the forward wrote them
-  const float* rstd = nullptr;  // [rows]
+  const float* y = nullptr;          // [rows, cols]: the forward's normalised input
+  const float* mean = nullptr;       // [rows], as the forward wrote them
+  const float* rstd = nullptr;       // [rows]
   const float* gamma = nullptr;      // [cols]
   const float* dresidual = nullptr;  // [rows, cols]: the gradient arriving at y, or null
-  float* dy = nullptr;         // [rows, cols]: d loss / d y (may be dresidual itself)
-  float* dgamma = nullptr;     // [cols], overwritten
-  float* dbeta = nullptr;      // [cols], overwritten
-  float* workspace = nullptr;  // add_layer_norm_workspace(rows, cols) floats, 16-byte aligned
+  float* dy = nullptr;               // [rows, cols]: d loss / d y (may be dresidual itself)
+  float* dgamma = nullptr;           // [cols], overwritten
+  float* dbeta = nullptr;            // [cols], overwritten
+  float* workspace = nullptr;        // add_layer_norm_workspace(rows, cols) floats, 16-byte aligned
   int64_t rows = 0, cols = 0;
 };
 

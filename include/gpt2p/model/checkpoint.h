@@ -46,7 +46,8 @@ struct TrainState {
 };
 
 // A parameter larger than this in magnitude means the run has diverged (GPT-2's weights are of
-// order 1; a run at --lr 1e30 reaches 1e30): save_checkpoint refuses it and keeps the last good one.
+// order 1; a run at --lr 1e30 reaches 1e30): save_checkpoint refuses it and keeps the last good
+// one.
 inline constexpr double kDivergedMagnitude = 1e4;
 
 // How a checkpoint is read. A meta.json without checksums ("files") is refused unless
@@ -56,8 +57,9 @@ struct LoadOptions {
 };
 
 // optimizer may be null (only the model is saved). Refuses (gpt2p::Error, dir untouched) when a
-// parameter or an optimizer state tensor is not finite, or a parameter exceeds kDivergedMagnitude; a failed write (full disk, read-only or
-// unwritable directory) is a gpt2p::Error naming the file, and the previous dir is kept.
+// parameter or an optimizer state tensor is not finite, or a parameter exceeds kDivergedMagnitude;
+// a failed write (full disk, read-only or unwritable directory) is a gpt2p::Error naming the file,
+// and the previous dir is kept.
 void save_checkpoint(const std::string& dir, const GPT2Impl& model,
                      const torch::optim::Optimizer* optimizer, const TrainState& state);
 

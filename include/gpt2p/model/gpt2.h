@@ -125,7 +125,8 @@ class GPT2Impl : public torch::nn::Module {
   // through autograd, so wte's gradient is complete as soon as the head's is; instead backward
   // hands the sink the lookup's ids [B,T] and output gradient [B,T,C], and whoever set it must add
   // the embedding's part to wte's gradient itself. An empty function restores the plain lookup.
-  using EmbeddingGradSink = std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
+  using EmbeddingGradSink =
+      std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
   void set_embedding_grad_sink(EmbeddingGradSink sink);
 
   // Zero-bubble pipelines (deferred_linear.h): with a store, the blocks' four linear layers leave

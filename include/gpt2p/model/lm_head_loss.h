@@ -50,8 +50,9 @@ inline constexpr int64_t kLossChunkRows = 4096;
 //
 // sum_i weights[i] * CE(hidden[i] . weight[:vocab_size]^T, labels[i]) for hidden [n, C] and
 // weight [V' >= vocab_size, C] (columns past vocab_size never count). Computed in `compute`
-// (float32 or bfloat16) with the softmax in float32. kFused needs CUDA tensors. Differentiable in hidden and weight when grad
-// mode is on and either requires grad; otherwise only the loss is computed.
+// (float32 or bfloat16) with the softmax in float32. kFused needs CUDA tensors. Differentiable in
+// hidden and weight when grad mode is on and either requires grad; otherwise only the loss is
+// computed.
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, const torch::Tensor& weights,
                                    int64_t vocab_size, torch::ScalarType compute,

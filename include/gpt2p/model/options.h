@@ -45,7 +45,8 @@ constexpr std::array<Named<LossPositions>, 2> names(LossPositions) {
 // (tests/gpu/test_kernels_gpu.cpp, tests/gpu/test_norm_gpu.cpp).
 enum class Kernels { kAuto, kFused, kReference };
 constexpr std::array<Named<Kernels>, 3> names(Kernels) {
-  return {{{Kernels::kAuto, "auto"}, {Kernels::kFused, "fused"}, {Kernels::kReference, "reference"}}};
+  return {
+      {{Kernels::kAuto, "auto"}, {Kernels::kFused, "fused"}, {Kernels::kReference, "reference"}}};
 }
 
 // --recompute: which activations backward recomputes instead of keeping from forward (recompute.h).

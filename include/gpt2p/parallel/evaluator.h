@@ -22,16 +22,16 @@ struct LossResult {
   double loss = 0;        // mean masked cross-entropy over all evaluated target tokens
   double perplexity = 0;  // exp(loss)
   int64_t tokens = 0;
-  bool stopped = false;   // `stop` said so: ended early, loss NaN
+  bool stopped = false;  // `stop` said so: ended early, loss NaN
 };
 
 // Asked before each batch; every rank asks it the same number of times (an agreed stop check).
 using StopPredicate = std::function<bool()>;
 
 // The first `max_pairs` (0 = all) examples of `split`, shared round-robin over the communicator's
-// ranks (comm may be null: this rank does all); sums are all-reduced, so every rank gets the result.
-// `stop` (when set) is asked before each of as many batches as the busiest rank has, on every
-// rank; when it answers true every rank returns at once with `stopped` set.
+// ranks (comm may be null: this rank does all); sums are all-reduced, so every rank gets the
+// result. `stop` (when set) is asked before each of as many batches as the busiest rank has, on
+// every rank; when it answers true every rank returns at once with `stopped` set.
 LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int64_t max_pairs,
                            int64_t batch_size, int64_t seq_len, const data::SpecialTokens& special,
                            int64_t vocab_size, const torch::Device& device,

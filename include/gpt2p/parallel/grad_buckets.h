@@ -53,8 +53,8 @@ class GradBuckets {
   using Ready = std::function<void(size_t bucket)>;
 
   // `hooks` false: no autograd hooks; fill_all() copies every .grad after backward instead.
-  GradBuckets(const std::vector<torch::Tensor>& params, const BucketOptions& options, Ready on_ready,
-              bool hooks = true);
+  GradBuckets(const std::vector<torch::Tensor>& params, const BucketOptions& options,
+              Ready on_ready, bool hooks = true);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;

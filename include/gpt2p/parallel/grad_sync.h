@@ -9,9 +9,10 @@
 //               gradients are in, overlapping the rest of backward. end_backward() waits on all
 //               buckets and copies the averages back into .grad. Optionally the buckets travel
 //               in bf16 (--reduce-dtype bf16).
-//               Once reduced, .grad is a view of its bucket (no copy back) unless the dtypes differ.
-// With gradient accumulation only the last micro-step's backward synchronises (begin_backward(true));
-// earlier ones just accumulate into .grad locally.
+//               Once reduced, .grad is a view of its bucket (no copy back) unless the dtypes
+//               differ.
+// With gradient accumulation only the last micro-step's backward synchronises
+// (begin_backward(true)); earlier ones just accumulate into .grad locally.
 //
 // The tied embedding / head weight (bucketed only, when make_grad_sync is given it): its gradient
 // has a dense part from the head, ready right after the loss, and a sparse part from the token
@@ -62,7 +63,8 @@ class GradSync {
   virtual std::string name() const = 0;
   // What to pass to GPT2Impl::set_embedding_grad_sink, or an empty function when the tied weight
   // is reduced densely.
-  using EmbeddingGradSink = std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
+  using EmbeddingGradSink =
+      std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
   virtual EmbeddingGradSink embedding_sink() { return {}; }
 };
 
@@ -72,8 +74,8 @@ std::unique_ptr<GradSync> make_no_sync();
 // The sync of --grad-sync `mode` over `comm` (not null). `tied_embedding`: the tied weight (one of
 // `params`) to reduce sparsely as above, or undefined for dense; only bucketed mode uses it.
 std::unique_ptr<GradSync> make_grad_sync(GradSyncMode mode, comm::Communicator* comm,
-                                         const std::vector<torch::Tensor>& params,
-                                         double bucket_mb, torch::ScalarType reduce_dtype,
+                                         const std::vector<torch::Tensor>& params, double bucket_mb,
+                                         torch::ScalarType reduce_dtype,
                                          const torch::Tensor& tied_embedding = {});
 
 }  // namespace gpt2p::parallel

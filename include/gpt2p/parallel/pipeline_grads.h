@@ -30,7 +30,7 @@ class ReplicaGradSync {
 
  private:
   comm::Communicator& replicas_;
-  std::vector<std::vector<comm::WorkPtr>> works_;       // per stage, per bucket
+  std::vector<std::vector<comm::WorkPtr>> works_;      // per stage, per bucket
   std::vector<std::unique_ptr<GradBuckets>> buckets_;  // per stage; last: hooks use works_
 };
 

@@ -3,9 +3,9 @@
 // --mode model_parallel (the same split, the whole batch as one micro-batch).
 #pragma once
 
-#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/core/mpi_env.h"
 #include "gpt2p/parallel/stage_split.h"
+#include "gpt2p/parallel/train_options.h"
 
 namespace gpt2p::parallel {
 

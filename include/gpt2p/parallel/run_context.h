@@ -10,7 +10,6 @@
 #include <optional>
 #include <string>
 
-#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/core/dir_lock.h"
 #include "gpt2p/data/bpe_tokenizer.h"
@@ -20,6 +19,7 @@
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/mesh.h"
 #include "gpt2p/parallel/train_data.h"
+#include "gpt2p/parallel/train_options.h"
 
 namespace gpt2p::parallel {
 
@@ -81,7 +81,8 @@ struct RunContext {
 // the job with one message and exit 2 on a problem: cli/main_guard.h), picks this rank's GPU
 // (local rank) and backend (--comm), limits CPU threads to this rank's share of the cores and
 // makes the communicators.
-RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program, const Topology& topo);
+RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program,
+                            const Topology& topo);
 
 // Opens the run's training data as data rank `rank` of `world` into `data`, on every rank as an
 // agreed check (cli::on_every_rank): a dataset every rank rejects is reported once.

@@ -17,14 +17,14 @@ namespace gpt2p::parallel {
 // `measured_costs`, which that mode needs, from measured_layer_costs). With stages_per_rank > 1
 // (interleaved) balanced and measured balance the ranks' loads (partition_interleaved). Throws the
 // partition's error when the stage count does not fit the model.
-pipeline::Partition stage_partition(pipeline::PartitionKind partition, const model::GPT2Config& config,
-                                    int n_stages, int64_t seq_len,
+pipeline::Partition stage_partition(pipeline::PartitionKind partition,
+                                    const model::GPT2Config& config, int n_stages, int64_t seq_len,
                                     const std::vector<double>& measured_costs = {},
                                     int stages_per_rank = 1, double loss_fraction = 1.0);
 
-// Layer costs for --partition measured: rank 0 times the layers (pipeline/perf/layer_profile.h) for a
-// micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank cuts
-// the model the same way. `loss_fraction`: the share of positions the head runs at (see
+// Layer costs for --partition measured: rank 0 times the layers (pipeline/perf/layer_profile.h) for
+// a micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank
+// cuts the model the same way. `loss_fraction`: the share of positions the head runs at (see
 // measure_layer_times). Collective: every rank of `comm` calls it.
 std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
                                          int64_t micro_rows, int64_t seq_len,

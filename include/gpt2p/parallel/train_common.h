@@ -11,12 +11,12 @@
 #include <memory>
 #include <string>
 
-#include "gpt2p/parallel/train_options.h"
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/io/run_record.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/parallel/train_data.h"
+#include "gpt2p/parallel/train_options.h"
 
 namespace gpt2p::parallel {
 
@@ -47,9 +47,9 @@ void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens
 
 // One epoch's totals of this rank's steps.
 struct EpochTotals {
-  double time = 0;      // seconds in timed steps (evaluation and checkpoints excluded)
-  int64_t tokens = 0;   // padded tokens, as HW5 counts them
-  int64_t targets = 0;  // target (loss) tokens
+  double time = 0;               // seconds in timed steps (evaluation and checkpoints excluded)
+  int64_t tokens = 0;            // padded tokens, as HW5 counts them
+  int64_t targets = 0;           // target (loss) tokens
   double peak_memory_bytes = 0;  // the device's peak over the epoch's steps (end_epoch)
 };
 
@@ -133,8 +133,8 @@ void clear_stopped(const std::string& out, int rank);
 
 // The epoch boundary: returns where a resume continues (the next batch of this epoch when the run
 // stopped inside it, else the start of the next epoch), moves `data` to the next epoch and prints
-// HW5's per-rank line. It also reads the device's peak memory into `totals`: training's peak, before
-// evaluation (whose full logits would otherwise count) runs.
+// HW5's per-rank line. It also reads the device's peak memory into `totals`: training's peak,
+// before evaluation (whose full logits would otherwise count) runs.
 data::SamplerPosition end_epoch(TrainData& data, int64_t epoch, bool stopped, int rank,
                                 EpochTotals& totals, const torch::Device& device);
 

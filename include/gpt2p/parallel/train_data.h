@@ -4,7 +4,8 @@
 // Every rank computes every rank's batch order (cheap: index lists), so each knows the global
 // batch's target-token count without communicating. The loss of a rank is then
 // sum(masked CE) * world / global_target_tokens, and averaging gradients over ranks gives exactly
-// the gradient of the mean over all target tokens of the global batch, as one rank would compute it.
+// the gradient of the mean over all target tokens of the global batch, as one rank would compute
+// it.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +37,8 @@ class TrainData {
   int64_t train_pairs() const { return train_pairs_; }
 
   struct Step {
-    data::Batch batch;               // this rank's sequences
-    int64_t global_target_tokens;    // target tokens of all ranks' batches of this step
+    data::Batch batch;             // this rank's sequences
+    int64_t global_target_tokens;  // target tokens of all ranks' batches of this step
   };
   // This rank's next batch (and every rank's sampler moves on in lockstep).
   Step next();

@@ -58,7 +58,8 @@ constexpr std::array<Named<LossScaleMode>, 3> names(LossScaleMode) {
 // the stages in turn (HW5's model-parallel baseline).
 enum class PipelineMode { kPipeline, kModelParallel };
 constexpr std::array<Named<PipelineMode>, 2> names(PipelineMode) {
-  return {{{PipelineMode::kPipeline, "pipeline"}, {PipelineMode::kModelParallel, "model_parallel"}}};
+  return {
+      {{PipelineMode::kPipeline, "pipeline"}, {PipelineMode::kModelParallel, "model_parallel"}}};
 }
 
 struct TrainConfig {
@@ -71,15 +72,15 @@ struct TrainConfig {
 
   // Data.
   std::string data = ".cache/data/ding-gpt2.h5";
-  std::string vocab_dir;  // empty: $GPT2P_VOCAB_DIR, else .cache/gpt2-vocab
+  std::string vocab_dir;         // empty: $GPT2P_VOCAB_DIR, else .cache/gpt2-vocab
   int64_t max_train_pairs = -1;  // -1: 5000 on cuda (HW5), 128 on cpu; 0: all
   int64_t max_eval_pairs = -1;   // -1: 256 on cuda, 32 on cpu; 0: all
 
   // Optimisation.
-  int epochs = -1;             // -1: 10 on cuda, 2 on cpu
-  int64_t max_steps = 0;       // 0: no limit
-  int64_t batch_size = -1;     // global; -1: 128 on cuda, 16 on cpu
-  int64_t seq_len = -1;        // -1: 128 on cuda, 32 on cpu
+  int epochs = -1;          // -1: 10 on cuda, 2 on cpu
+  int64_t max_steps = 0;    // 0: no limit
+  int64_t batch_size = -1;  // global; -1: 128 on cuda, 16 on cpu
+  int64_t seq_len = -1;     // -1: 128 on cuda, 32 on cpu
   int grad_accum = 1;
   double lr = 1e-4;
   double weight_decay = 0.01;
@@ -89,7 +90,7 @@ struct TrainConfig {
   double loss_scale_init = 65536;    // 2^16, as torch.amp.GradScaler
   int64_t loss_scale_window = 2000;  // good steps in a row before the scale doubles
   model::LossPositions loss_positions = model::LossPositions::kTargets;
-  DeviceKind device = DeviceKind::kAuto;  // resolved: kCpu or kCuda
+  DeviceKind device = DeviceKind::kAuto;           // resolved: kCpu or kCuda
   model::Kernels kernels = model::Kernels::kAuto;  // a request (model::resolve_kernels)
   compat::Attention attention = compat::Attention::kAuto;
   uint64_t seed = 11868;
@@ -102,13 +103,13 @@ struct TrainConfig {
   int64_t save_every = 0;  // steps; 0: at the end of every epoch; -1: never
   std::string resume;
   bool allow_unverified_checkpoint = false;  // load a checkpoint whose meta.json has no checksums
-  int translate_samples = -1;  // -1: 4 on cuda, 2 on cpu
+  int translate_samples = -1;                // -1: 4 on cuda, 2 on cpu
   int log_every = 10;
-  std::string profile;     // a Chrome trace of --profile-steps steps goes here (empty: none)
-  int profile_steps = 3;   // steps profiled, after 5 unprofiled ones
+  std::string profile;         // a Chrome trace of --profile-steps steps goes here (empty: none)
+  int profile_steps = 3;       // steps profiled, after 5 unprofiled ones
   double comm_timeout_s = 60;  // any wait on a peer (NCCL or MPI) longer than this fails the job
   gpt2p::comm::Backend comm = gpt2p::comm::Backend::kAuto;  // kAuto: NCCL with a GPU per rank
-  bool overwrite = false;      // a fresh run may replace <out>'s checkpoint and records
+  bool overwrite = false;  // a fresh run may replace <out>'s checkpoint and records
 
   // Data parallel.
   GradSyncMode grad_sync = GradSyncMode::kBucketed;
@@ -121,10 +122,10 @@ struct TrainConfig {
   PipelineMode mode = PipelineMode::kPipeline;
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kOneFOneB;
   int microbatches = 4;
-  int dp = 1;  // data-parallel replicas of the pipeline (parallel/mesh.h)
+  int dp = 1;                // data-parallel replicas of the pipeline (parallel/mesh.h)
   bool zero_bubble = false;  // split backward into B and W, W's in the bubbles
   int zb_extra_live = 0;     // micro-batches beyond the base schedule's peak a W may keep (-1: any)
-  int stages_per_rank = 0;             // 0: 2 with --schedule interleaved, else 1
+  int stages_per_rank = 0;   // 0: 2 with --schedule interleaved, else 1
   pipeline::PartitionKind partition = pipeline::PartitionKind::kBalanced;
 };
 

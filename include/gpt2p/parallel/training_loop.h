@@ -21,7 +21,7 @@ namespace gpt2p::parallel {
 // What the loop reports at an epoch's end.
 struct EpochEval {
   double loss = 0, perplexity = 0;
-  double bleu = 0;  // NaN where not measured
+  double bleu = 0;       // NaN where not measured
   bool stopped = false;  // a stop was agreed during evaluation, which ended early (NaN figures)
 };
 

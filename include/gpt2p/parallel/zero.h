@@ -103,9 +103,9 @@ class ShardedAdamW {
   std::vector<torch::Tensor> params_;
   comm::Communicator& comm_;
   ZeroOptions options_;
-  std::vector<torch::Tensor> param_flat_;   // per bucket: the parameters' storage
-  std::vector<torch::Tensor> shard_params_; // per bucket: this rank's slice of param_flat_
-  std::vector<torch::Tensor> shard_grads_;  // per bucket: reduce-scatter results (travel dtype)
+  std::vector<torch::Tensor> param_flat_;    // per bucket: the parameters' storage
+  std::vector<torch::Tensor> shard_params_;  // per bucket: this rank's slice of param_flat_
+  std::vector<torch::Tensor> shard_grads_;   // per bucket: reduce-scatter results (travel dtype)
   std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers_;  // per bucket, one shard each
   // Declared after the buffers they write: destroyed first, each Work waits for its operation
   // (or, when an error unwinds, abandons it without waiting: communicator.h).

@@ -39,8 +39,8 @@ class Part {
   }
 
   torch::Tensor forward() {
-    return stage_.forward(0, stage_.is_first() ? stage_.input(0)
-                                               : hidden_.detach().requires_grad_(true));
+    return stage_.forward(
+        0, stage_.is_first() ? stage_.input(0) : hidden_.detach().requires_grad_(true));
   }
   void backward(const torch::Tensor& out) {
     stage_.backward(0, out, stage_.is_last() ? torch::Tensor() : torch::ones_like(out));

@@ -37,10 +37,10 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     costs[m] = layer_costs_from_times(t, L);
   }
 
-  const auto flops = layer_costs_flops(
-      L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
-      static_cast<int>(spec.seq_len), static_cast<int>(config.padded_vocab_size()),
-      spec.loss_fraction);
+  const auto flops =
+      layer_costs_flops(L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
+                        static_cast<int>(spec.seq_len),
+                        static_cast<int>(config.padded_vocab_size()), spec.loss_fraction);
   // Seconds to move one micro-batch's fp32 activations (or their gradient) between stages.
   const auto transfer = [&](int m) {
     return static_cast<double>(spec.batch_size / m * spec.seq_len * config.n_embd) * 4.0 /
@@ -67,8 +67,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     GPT2P_CHECK(v >= 1, "pp_plan: " << v << " stages per rank", "use 1 or more stages per rank");
   }
   for (int k : spec.zb_extra_live) {
-    GPT2P_CHECK(k >= 0 || k == kNoLiveLimit,
-                "pp_plan: zero-bubble extra live micro-batches " << k,
+    GPT2P_CHECK(k >= 0 || k == kNoLiveLimit, "pp_plan: zero-bubble extra live micro-batches " << k,
                 "use 0 or more, or " << kNoLiveLimit << " for no limit");
   }
   // The variants predicted per pipeline row: unsplit, then each zero-bubble memory allowance.
@@ -80,8 +79,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   // every M, measured by that M's layer times. Splits that cannot be made give a note and no rows.
   // With v stages per rank, balanced and measured balance the ranks' loads.
   std::map<std::pair<PartitionKind, int>, std::optional<Partition>> fixed;
-  const auto split_of = [&](PartitionKind partition, int v,
-                            int m) -> std::optional<Partition> {
+  const auto split_of = [&](PartitionKind partition, int v, int m) -> std::optional<Partition> {
     if (partition == PartitionKind::kMeasured) return partition_interleaved(costs[m], n, v);
     auto key = std::make_pair(partition, v);
     auto it = fixed.find(key);
@@ -102,7 +100,8 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
       const auto split = split_of(partition, 1, m);
       if (!split) continue;
       // model_parallel on the same split: the whole batch as one micro-batch.
-      const double mp = predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
+      const double mp =
+          predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
       const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
         for (const std::optional<int>& zb : variants) {
           if (zb && m == 1) continue;
@@ -111,9 +110,20 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
           const double mv = static_cast<double>(m) * v;
           const double bubble = (n - 1) * (zb ? 1.0 - 2.0 * weight_share : 1.0);
           const ActivationBytes& kept = plan.times.at(spec.batch_size / m).activations;
-          PlanRow row{partition, to_string(stages), m == 1 ? "model_parallel" : to_string(kind),
-                      v, zb.has_value(), zb.value_or(0), m, p.step, mp / p.step,
-                      n * mv / (mv + bubble), p.bubble, p.stage_busy, {}, kept.measured};
+          PlanRow row{partition,
+                      to_string(stages),
+                      m == 1 ? "model_parallel" : to_string(kind),
+                      v,
+                      zb.has_value(),
+                      zb.value_or(0),
+                      m,
+                      p.step,
+                      mp / p.step,
+                      n * mv / (mv + bubble),
+                      p.bubble,
+                      p.stage_busy,
+                      {},
+                      kept.measured};
           for (const RankMemory& r : predict_memory(config, stages, p.schedule, kept, memory))
             row.peak_memory_bytes.push_back(r.total());
           plan.rows.push_back(std::move(row));
@@ -141,9 +151,11 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
     costs[std::to_string(rows)] = layer_costs_from_times(t, n_layer);
     overheads[std::to_string(rows)] = t.stage;
     const ActivationBytes& a = t.activations;
-    kept[std::to_string(rows)] = {{"embedding", a.embedding},     {"block", a.block},
+    kept[std::to_string(rows)] = {{"embedding", a.embedding},
+                                  {"block", a.block},
                                   {"block_recompute", a.block_recompute},
-                                  {"head", a.head},               {"stage_input", a.stage_input},
+                                  {"head", a.head},
+                                  {"stage_input", a.stage_input},
                                   {"measured", a.measured}};
   }
   nlohmann::json rows = nlohmann::json::array();

@@ -49,12 +49,11 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
               "pass a partition of ranks x stages_per_rank stages");
   const int n = n_stages / stages_per_rank;
   const auto schedule =
-      model.zero_bubble
-          ? make_zero_bubble_schedule(
-                kind, n_microbatches, n, stages_per_rank,
-                ZeroBubbleCosts{costs.forward, costs.backward, costs.weight, costs.comm},
-                model.zb_extra_live)
-          : make_schedule(kind, n_microbatches, n, stages_per_rank);
+      model.zero_bubble ? make_zero_bubble_schedule(kind, n_microbatches, n, stages_per_rank,
+                                                    ZeroBubbleCosts{costs.forward, costs.backward,
+                                                                    costs.weight, costs.comm},
+                                                    model.zb_extra_live)
+                        : make_schedule(kind, n_microbatches, n, stages_per_rank);
   const SimResult sim = simulate(schedule, costs, Transfers::kStreamPerDirection);
   GPT2P_CHECK(sim.ok,
               "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches

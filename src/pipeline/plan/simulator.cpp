@@ -8,8 +8,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "gpt2p/core/error.h"
 #include "action_counts.h"
+#include "gpt2p/core/error.h"
 
 namespace gpt2p::pipeline {
 namespace {
@@ -128,8 +128,8 @@ SimResult simulate_streams(const Schedule& schedule, const ComputeCosts& cost, d
     progress = false;
     for (int r = 0; r < n; ++r) {
       const RankActions& list = schedule[r];
-      double compute_end = 0.0;                // end of the last compute action so far
-      double stream_end[kNumChannels] = {};    // end of the last transfer on each stream
+      double compute_end = 0.0;              // end of the last compute action so far
+      double stream_end[kNumChannels] = {};  // end of the last transfer on each stream
       bool compute_known = true, stream_known[kNumChannels] = {true, true, true, true};
       std::map<std::tuple<bool, int, int>, size_t> recv_at;  // (gradient?, stage, mb) -> index
       for (size_t k = 0; k < list.size(); ++k) {

@@ -43,8 +43,7 @@ std::vector<int> peak_live(const Schedule& schedule) {
   return peaks;
 }
 
-Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs,
-                              int extra_live) {
+Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs, int extra_live) {
   const int R = static_cast<int>(base.size());
   const int n = static_cast<int>(costs.forward.size());
   GPT2P_CHECK(R >= 1, "zero_bubble_schedule: the base schedule has no rank lists",
@@ -215,7 +214,6 @@ Schedule zero_bubble_schedule(const Schedule& base, const ZeroBubbleCosts& costs
   return out;
 }
 
-
 ZeroBubbleCosts zero_bubble_costs(const Partition& split, int n_layer, int n_embd, int seq_len,
                                   int vocab_size, double loss_fraction) {
   GPT2P_CHECK(n_layer >= 1 && n_embd >= 1 && seq_len >= 1 && vocab_size >= 1,
@@ -270,12 +268,8 @@ Schedule make_zero_bubble_schedule(ScheduleKind kind, int n_microbatches, int n_
   const int n_stages = n_ranks * stages_per_rank;
   Schedule base;
   switch (kind) {
-    case ScheduleKind::kGPipe:
-      base = gpipe_schedule(n_microbatches, n_stages);
-      break;
-    case ScheduleKind::kOneFOneB:
-      base = one_f_one_b_schedule(n_microbatches, n_stages);
-      break;
+    case ScheduleKind::kGPipe: base = gpipe_schedule(n_microbatches, n_stages); break;
+    case ScheduleKind::kOneFOneB: base = one_f_one_b_schedule(n_microbatches, n_stages); break;
     case ScheduleKind::kInterleaved:
       base = interleaved_schedule(n_microbatches, n_ranks, stages_per_rank);
       break;

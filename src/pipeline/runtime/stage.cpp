@@ -41,9 +41,9 @@ void GptStage::set_batch(StageBatch batch) {
   if (is_last()) {
     const double scale =
         batch_.loss_scale / static_cast<double>(std::max<int64_t>(1, batch_.global_target_tokens));
-    loss_rows_ = model::loss_rows(batch_.labels,
-                                  batch_.host_mask.defined() ? batch_.host_mask : batch_.mask,
-                                  n_microbatches_, scale, positions_);
+    loss_rows_ =
+        model::loss_rows(batch_.labels, batch_.host_mask.defined() ? batch_.host_mask : batch_.mask,
+                         n_microbatches_, scale, positions_);
   }
 }
 

@@ -24,12 +24,12 @@ struct PlanSpec {
   int64_t batch_size = 64;  // sequences per step (global)
   int64_t seq_len = 128;
   model::Precision precision = model::Precision::kFp32;  // as pp_train --precision
-  std::vector<int> microbatches{1, 2, 4, 8, 16};  // each divides batch_size
+  std::vector<int> microbatches{1, 2, 4, 8, 16};         // each divides batch_size
   // Stages per rank V: 1 predicts gpipe and 1f1b, V >= 2 the interleaved schedule on stages x V
   // stages (for each M that is a multiple of `stages`).
   std::vector<int> stages_per_rank{1, 2};
-  double link_gbs = 200;  // GB/s of one activation/gradient transfer (fp32 activations)
-  int reps = 5;           // timed iterations per round of the layer profile
+  double link_gbs = 200;     // GB/s of one activation/gradient transfer (fp32 activations)
+  int reps = 5;              // timed iterations per round of the layer profile
   double loss_fraction = 1;  // share of positions the head runs at (pp_train's data: ~0.09)
   bool zero_bubble = false;  // also predict every pipeline row with split backwards (--zero-bubble)
   // With zero_bubble: the memory allowances to predict, each a pp_train --zb-extra-live (0: the
@@ -46,8 +46,8 @@ struct PlanSpec {
 
 struct PlanRow {
   PartitionKind partition = PartitionKind::kUniform;
-  std::string split;      // "0-8|9-13"
-  std::string schedule;   // model_parallel (M = 1) | gpipe | 1f1b | interleaved
+  std::string split;     // "0-8|9-13"
+  std::string schedule;  // model_parallel (M = 1) | gpipe | 1f1b | interleaved
   int stages_per_rank = 1;
   bool zero_bubble = false;  // pp_train --zero-bubble
   int zb_extra_live = 0;     // pp_train --zb-extra-live (with zero_bubble)
@@ -58,8 +58,8 @@ struct PlanRow {
   // shrinks by the W's, as in Qi et al.'s ZB-H1: n m V / (m V + (n - 1)(1 - 2 w)), w the W share
   // of a block's cost (zero_bubble.h: block_weight_share).
   double ideal = 0;
-  double idle = 0;     // idle fraction of all stages
-  std::vector<double> stage_busy_s;  // per rank
+  double idle = 0;                        // idle fraction of all stages
+  std::vector<double> stage_busy_s;       // per rank
   std::vector<double> peak_memory_bytes;  // per rank (memory.h: predict_memory)
   bool peak_memory_measured = false;      // activations from the CUDA allocator, else estimated
 };

@@ -23,10 +23,10 @@ struct StepPrediction {
 
 // What a step costs besides the layers, and how it splits (all times in layer_costs' unit).
 struct StepModel {
-  double comm = 0.0;                  // added to every activation and gradient transfer
-  double forward_share = 1.0 / 3.0;   // of a stage's cost; backward the rest (twice the matmuls)
-  int stages_per_rank = 1;            // V > 1: ScheduleKind::kInterleaved on R * V stages
-  double stage_overhead = 0.0;        // per stage and micro-batch, beyond its layers
+  double comm = 0.0;                 // added to every activation and gradient transfer
+  double forward_share = 1.0 / 3.0;  // of a stage's cost; backward the rest (twice the matmuls)
+  int stages_per_rank = 1;           // V > 1: ScheduleKind::kInterleaved on R * V stages
+  double stage_overhead = 0.0;       // per stage and micro-batch, beyond its layers
   // Zero bubble (zero_bubble.h): split backwards, the W's placed by zero_bubble_schedule. A block
   // layer's W is block_weight_share of its cost (zero_bubble.h: block_weight_share); other layers
   // (embedding, head) have none.

@@ -73,9 +73,7 @@ struct Action {
   int microbatch = 0;
   int peer = -1;  // the other stage of a send/recv; -1 for F and B
 
-  bool is_compute() const {
-    return op == Op::kForward || op == Op::kBackward || op == Op::kWeight;
-  }
+  bool is_compute() const { return op == Op::kForward || op == Op::kBackward || op == Op::kWeight; }
   bool is_send() const { return op == Op::kSendActivation || op == Op::kSendGrad; }
   bool is_recv() const { return op == Op::kRecvActivation || op == Op::kRecvGrad; }
   bool operator==(const Action& o) const {

@@ -52,7 +52,7 @@ struct SimResult {
   double makespan = 0.0;        // when the last rank finished its last action
   // 1 - sum(busy) / (n_ranks * makespan); idle time of all ranks over the whole step.
   double bubble_fraction = 0.0;
-  std::vector<double> busy;               // per rank: time spent in F, B and W
+  std::vector<double> busy;  // per rank: time spent in F, B and W
   // per rank: max (#F done - #B done) over its list; with W actions, #F done - #W done (the
   // inputs a deferred W still needs stay alive until it runs)
   std::vector<int> max_live_activations;
