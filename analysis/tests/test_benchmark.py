@@ -76,7 +76,7 @@ def test_anchors_run_once_per_configuration_and_repetition(tmp_path):
         ("f", "2", "pp_train", "pp:64x128xfp32:onef1b:4", "e", "-"),
         ("g", "2", "pp_train", "pp:64x128xfp32:gpipe:8", "e", "-"),
         ("h", "2", "comm_bench", "comm", "-", "--op all"))))
-    # The anchors' folder named explicitly: a fresh clone has no .anchors/ copy.
+    # The anchors' folder named explicitly (the default is scripts/peers/).
     peers = tmp_path / "peers"
     peers.mkdir()
     r = bench(m, "--dry-run", "--out", tmp_path / "o", GPT2P_GPUS="2", GPT2P_ANCHORS=str(peers))

@@ -1,9 +1,9 @@
 """Probe: is a pipeline stage's small micro-batch slow because of the GPU or because of the CPU?
 Times 6 GPT-2 blocks (one stage of 12) forward+backward at several micro-batch rows, eager and as
 CUDA graphs (torch.cuda.make_graphed_callables), plus the CPU's enqueue time of the eager step.
-Usage: python3 graph_probe.py [path to shared/anchors]"""
+Usage: python3 graph_probe.py [path to scripts/peers]"""
 import sys, time, json, torch
-sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "../shared/anchors")
+sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "../../scripts/peers")
 from nanogpt import Block
 
 torch.manual_seed(0)

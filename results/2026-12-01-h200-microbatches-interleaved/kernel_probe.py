@@ -1,9 +1,9 @@
 """Probe: which GPU kernels make a small fp32 micro-batch cost more per sequence than a large one?
 Profiles 6 GPT-2 blocks forward+backward at 8 and 64 rows (sequence 128) and prints each kernel's
-GPU time per row. Usage: python3 kernel_probe.py [path to shared/anchors]"""
+GPU time per row. Usage: python3 kernel_probe.py [path to scripts/peers]"""
 import sys, collections, torch
 from torch.profiler import profile, ProfilerActivity
-sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "../shared/anchors")
+sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "../../scripts/peers")
 from nanogpt import Block
 
 torch.manual_seed(0)
