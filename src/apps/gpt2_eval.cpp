@@ -18,7 +18,7 @@
 #include "gpt2p/io/json_input.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/options.h"
 
 namespace {
 

@@ -25,8 +25,8 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
-#include "gpt2p/parallel/run_context.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/context.h"
+#include "gpt2p/parallel/train/options.h"
 #include "gpt2p/pipeline/perf/planner.h"
 
 namespace {

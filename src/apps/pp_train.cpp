@@ -1,7 +1,7 @@
 // Pipeline-parallel GPT-2 training: mpirun -np STAGES pp_train [options]; see --help.
 #include "gpt2p/cli/main_guard.h"
-#include "gpt2p/parallel/pp_trainer.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/options.h"
+#include "gpt2p/parallel/trainers/pp_trainer.h"
 
 int main(int argc, char** argv) {
   using namespace gpt2p;

@@ -47,7 +47,7 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want) {
   }
 }
 
-// The NCCL options as the trainers set them (run_context.cpp): the rank's GPU, and NCCL host ids
+// The NCCL options as the trainers set them (train/context.cpp): the rank's GPU, and NCCL host ids
 // of their own where ranks share one. Collective over the job.
 CommOptions nccl_options(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000)) {
   const Topology world = query_topology(MPI_COMM_WORLD);

@@ -10,8 +10,8 @@
 
 #include <cmath>
 
-#include "gpt2p/parallel/pp_trainer.h"
-#include "gpt2p/parallel/trainer.h"
+#include "gpt2p/parallel/trainers/dp_trainer.h"
+#include "gpt2p/parallel/trainers/pp_trainer.h"
 #include "support/h5_read.h"
 #include "support/trainer_fixture.h"
 

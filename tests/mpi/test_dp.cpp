@@ -18,8 +18,8 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/model/gpt2.h"
-#include "gpt2p/parallel/grad_sync.h"
-#include "gpt2p/parallel/run_context.h"
+#include "gpt2p/parallel/data_parallel/grad_sync.h"
+#include "gpt2p/parallel/train/context.h"
 #include "support/small_model.h"
 #include "support/synthetic_split.h"
 

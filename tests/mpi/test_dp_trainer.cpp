@@ -8,7 +8,7 @@
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/model/checkpoint.h"
-#include "gpt2p/parallel/trainer.h"
+#include "gpt2p/parallel/trainers/dp_trainer.h"
 #include "support/h5_read.h"
 #include "support/trainer_fixture.h"
 

@@ -1,9 +1,9 @@
 // Hybrid data x pipeline parallelism on CPU ranks (pp_train --dp D): D replicas of a P-rank
 // pipeline, each on its share of the batch, compute what one rank computes on the whole batch:
-// the loss, every gradient once the replicas' gradients are summed (pipeline_grads.h), and the
-// parameters after an AdamW step; and the replicas stay bit for bit equal. Every D x P of the
-// world size with D >= 2 (P = 1 included), for GPipe, 1F1B and the interleaved schedule, each
-// with and without zero bubble.
+// the loss, every gradient once the replicas' gradients are summed
+// (data_parallel/replica_grad_sync.h), and the parameters after an AdamW step; and the replicas
+// stay bit for bit equal. Every D x P of the world size with D >= 2 (P = 1 included), for GPipe,
+// 1F1B and the interleaved schedule, each with and without zero bubble.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,11 +16,11 @@
 #include "gpt2p/compat/adamw.h"
 #include "gpt2p/compat/rng.h"
 #include "gpt2p/model/checkpoint.h"
-#include "gpt2p/parallel/mesh.h"
-#include "gpt2p/parallel/pipeline_grads.h"
-#include "gpt2p/parallel/pp_trainer.h"
-#include "gpt2p/parallel/run_context.h"
-#include "gpt2p/parallel/stage_split.h"
+#include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
+#include "gpt2p/parallel/train/context.h"
+#include "gpt2p/parallel/train/mesh.h"
+#include "gpt2p/parallel/trainers/pp_trainer.h"
+#include "gpt2p/parallel/trainers/stage_split.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 #include "gpt2p/pipeline/runtime/executor.h"
 #include "support/small_model.h"
@@ -69,7 +69,8 @@ pipeline::StageBatch replica_batch(const pipeline::StageBatch& b, const parallel
   return r;
 }
 
-// The MPI groups of a mesh (run_context.cpp makes the same): a pipeline, and one stage's replicas.
+// The MPI groups of a mesh (train/context.cpp makes the same): a pipeline, and one stage's
+// replicas.
 struct MeshComms {
   std::unique_ptr<comm::Communicator> pipe, pipe_grad, replicas;
 };

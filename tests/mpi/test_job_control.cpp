@@ -13,7 +13,7 @@
 #include "gpt2p/core/error.h"
 #include "gpt2p/core/mpi_wait.h"
 #include "gpt2p/core/roll_call.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/options.h"
 
 namespace gpt2p {
 namespace {

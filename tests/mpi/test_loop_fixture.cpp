@@ -24,8 +24,8 @@
 
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/model/checkpoint.h"
-#include "gpt2p/parallel/pp_trainer.h"
-#include "gpt2p/parallel/trainer.h"
+#include "gpt2p/parallel/trainers/dp_trainer.h"
+#include "gpt2p/parallel/trainers/pp_trainer.h"
 #include "support/h5_read.h"
 #include "support/trainer_fixture.h"
 

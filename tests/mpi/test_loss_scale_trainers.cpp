@@ -14,8 +14,8 @@
 #include <string>
 
 #include "gpt2p/model/checkpoint.h"
-#include "gpt2p/parallel/pp_trainer.h"
-#include "gpt2p/parallel/trainer.h"
+#include "gpt2p/parallel/trainers/dp_trainer.h"
+#include "gpt2p/parallel/trainers/pp_trainer.h"
 #include "support/h5_read.h"
 #include "support/trainer_fixture.h"
 

@@ -4,8 +4,8 @@
 // checks the mechanism on one model).
 #include <gtest/gtest.h>
 
-#include "gpt2p/parallel/pp_trainer.h"
-#include "gpt2p/parallel/trainer.h"
+#include "gpt2p/parallel/trainers/dp_trainer.h"
+#include "gpt2p/parallel/trainers/pp_trainer.h"
 #include "support/h5_read.h"
 #include "support/trainer_fixture.h"
 

@@ -9,7 +9,8 @@ set -uo pipefail
 root=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root" || exit 2
 
-order=(core io cli data pipeline/plan compat comm kernels model pipeline/runtime pipeline/perf parallel)
+order=(core io cli data pipeline/plan compat comm kernels model pipeline/runtime pipeline/perf
+       parallel/data_parallel parallel/train parallel/trainers)
 torch_free=" core io cli data pipeline/plan "
 
 bad=0

@@ -17,7 +17,7 @@
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/options.h"
 #include "support/h5_read.h"
 
 namespace gpt2p::testing {

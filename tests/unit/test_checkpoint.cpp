@@ -23,7 +23,7 @@
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/hf_checkpoint.h"
 #include "gpt2p/model/safetensors.h"
-#include "gpt2p/parallel/checkpoint_commit.h"
+#include "gpt2p/parallel/train/checkpoint_commit.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 #include "support/tmpfs.h"

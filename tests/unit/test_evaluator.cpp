@@ -9,7 +9,7 @@
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
-#include "gpt2p/parallel/evaluator.h"
+#include "gpt2p/parallel/train/evaluator.h"
 
 namespace gpt2p::parallel {
 namespace {

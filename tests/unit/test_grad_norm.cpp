@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "gpt2p/compat/rng.h"
-#include "gpt2p/parallel/grad_norm.h"
+#include "gpt2p/parallel/data_parallel/grad_norm.h"
 
 namespace gpt2p::parallel {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/model/lm_head_loss.h"
-#include "gpt2p/parallel/run_context.h"
+#include "gpt2p/parallel/train/context.h"
 #include "support/errors.h"
 #include "support/small_model.h"
 

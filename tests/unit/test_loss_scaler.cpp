@@ -5,7 +5,7 @@
 #include <string>
 
 #include "gpt2p/core/error.h"
-#include "gpt2p/parallel/loss_scaler.h"
+#include "gpt2p/parallel/train/loss_scaler.h"
 
 namespace gpt2p::parallel {
 namespace {

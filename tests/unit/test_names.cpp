@@ -10,7 +10,7 @@
 #include "gpt2p/compat/attention_choice.h"
 #include "gpt2p/core/names.h"
 #include "gpt2p/model/options.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/options.h"
 #include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/plan/schedule.h"
 

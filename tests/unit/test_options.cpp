@@ -5,7 +5,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/options.h"
-#include "gpt2p/parallel/train_options.h"
+#include "gpt2p/parallel/train/options.h"
 
 using gpt2p::cli::UsageError;
 using gpt2p::parallel::DeviceKind;

@@ -14,9 +14,9 @@
 //     flops, mfu                       this rank's model FLOPs in the step (model/flops.h), and
 //                                      flops / step time / the GPU's peak (NaN where unknown)
 //     loss_scale, skipped              the loss scale the step ran at (1: no scaling;
-//                                      parallel/loss_scaler.h) and 1 where it skipped the step
-//                                      (its gradients overflowed), else 0. NaN in the rows of a
-//                                      file begun by a version without these columns
+//                                      parallel/train/loss_scaler.h) and 1 where it skipped the
+//                                      step (its gradients overflowed), else 0. NaN in the rows of
+//                                      a file begun by a version without these columns
 //   /epochs   one row per epoch
 //     epoch, train_time, padded_tokens, tokens_per_sec (padded, HW5), target_tokens_per_sec,
 //     val_loss, val_ppl, bleu (NaN where not measured), peak_memory_bytes

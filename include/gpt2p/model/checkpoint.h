@@ -38,8 +38,9 @@ struct TrainState {
   // Opaque generator states, one per data-parallel rank (rank r's at index r); empty when the
   // checkpoint has none (older checkpoints).
   std::vector<std::string> rank_rng_states{};
-  // Dynamic loss scaling (parallel/loss_scaler.h): the scale, 0 when the run does not scale (then
-  // meta.json has no "loss_scale"); the finite steps since it last changed; the steps skipped.
+  // Dynamic loss scaling (parallel/train/loss_scaler.h): the scale, 0 when the run does not scale
+  // (then meta.json has no "loss_scale"); the finite steps since it last changed; the steps
+  // skipped.
   double loss_scale = 0;
   int64_t loss_scale_good_steps = 0;
   int64_t skipped_steps = 0;

@@ -37,8 +37,8 @@ struct LossRows {
 std::vector<LossRows> loss_rows(const torch::Tensor& labels, const torch::Tensor& mask, int parts,
                                 double scale, LossPositions positions);
 
-// `rows` with every weight times `scale` (loss scaling: parallel/loss_scaler.h); `rows` itself
-// when scale is 1.
+// `rows` with every weight times `scale` (loss scaling: parallel/train/loss_scaler.h); `rows`
+// itself when scale is 1.
 LossRows scaled(const LossRows& rows, double scale);
 
 // Rows per chunk of linear_cross_entropy by default: 4096 x 50304 logits are 0.4 GB in bf16.

@@ -10,7 +10,7 @@ namespace gpt2p::model {
 
 // --precision: fp32 (true float32 matmuls), tf32 (float32 tensors, TF32 tensor-core matmuls),
 // bf16 (autocast to bfloat16; GPUs of compute capability 8.0 or newer, or the CPU) or fp16
-// (autocast to float16 on a CUDA GPU, with dynamic loss scaling: parallel/loss_scaler.h; the
+// (autocast to float16 on a CUDA GPU, with dynamic loss scaling: parallel/train/loss_scaler.h; the
 // half type of a V100). bf16 and fp16 keep float32 master weights and optimizer state.
 enum class Precision { kFp32, kTf32, kBf16, kFp16 };
 constexpr std::array<Named<Precision>, 4> names(Precision) {

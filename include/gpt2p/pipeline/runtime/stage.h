@@ -47,7 +47,7 @@ struct StageBatch {
   int64_t global_target_tokens = 0;    // sum of mask over the whole batch (loss scaling)
   torch::Tensor host_mask;             // optional: mask on the host (spares a device read)
   // The loss's gradients are this many times the true ones (fp16's dynamic loss scaling:
-  // parallel/loss_scaler.h); take_loss() still returns the true loss.
+  // parallel/train/loss_scaler.h); take_loss() still returns the true loss.
   double loss_scale = 1.0;
 };
 

@@ -1,0 +1,368 @@
+#include "gpt2p/parallel/trainers/dp_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "gpt2p/cli/main_guard.h"
+#include "gpt2p/cli/options.h"
+#include "gpt2p/compat/adamw.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/rng.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/core/stop_signal.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/flops.h"
+#include "gpt2p/parallel/data_parallel/grad_norm.h"
+#include "gpt2p/parallel/data_parallel/grad_sync.h"
+#include "gpt2p/parallel/data_parallel/zero.h"
+#include "gpt2p/parallel/train/checkpoint_commit.h"
+#include "gpt2p/parallel/train/common.h"
+#include "gpt2p/parallel/train/context.h"
+#include "gpt2p/parallel/train/data.h"
+#include "gpt2p/parallel/train/evaluator.h"
+#include "gpt2p/parallel/train/loop.h"
+#include "gpt2p/parallel/train/loss_scaler.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+// One data-parallel optimizer step: every rank runs forward and backward on its share of the
+// global batch (in --grad-accum micro-steps), the gradients are averaged (`sync`), then clipped
+// and applied. The next step's batch is prepared while the GPU still works on this one (after the
+// optimizer is queued, before the host reads the step's clocks): the host's part -- sampling,
+// pinned copies, loss rows -- then leaves no gap on the GPU. With --zero 1 `zero` replaces both
+// the sync and the optimizer (zero.h): its parameter gathers run while the next batch is prepared.
+class DataParallelStep final : public StepStrategy {
+ public:
+  DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model,
+                   compat::FusedAdamW& optimizer, GradSync& sync, ShardedAdamW* zero,
+                   LossScaler& scaler)
+      : ctx_(ctx),
+        cfg_(ctx.cfg),
+        data_(data),
+        model_(std::move(model)),
+        params_(model_->parameters()),
+        optimizer_(optimizer),
+        sync_(sync),
+        zero_(zero),
+        scaler_(scaler),
+        world_(ctx.topo.size),
+        micro_(data.local_batch() / ctx.cfg.grad_accum),
+        positions_(ctx.cfg.loss_positions),
+        clock_(ctx.device, 2 * ctx.cfg.grad_accum + 3) {}
+
+  void set_training(bool training) override { training ? model_->train() : model_->eval(); }
+
+  double step(io::StepRecord& rec, bool more) override {
+    Prepared cur = ahead_ ? std::move(*ahead_) : prepare();
+    ahead_.reset();
+    const auto& batch = cur.batch;
+    rec.data = cur.host_seconds;
+    clock_.mark(0);
+    const double scale = scaler_.scale();
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
+    for (int k = 0; k < cfg_.grad_accum; ++k) {
+      torch::Tensor loss;
+      {
+        compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
+        loss = model_->loss(cur.dev.inputs.narrow(0, k * micro_, micro_),
+                            model::scaled(cur.rows[static_cast<size_t>(k)], scale), ctx_.autocast);
+      }
+      clock_.mark(1 + 2 * k);
+      if (zero_ != nullptr) {
+        zero_->begin_backward(k + 1 == cfg_.grad_accum);
+      } else {
+        sync_.begin_backward(k + 1 == cfg_.grad_accum);
+      }
+      loss.backward();
+      clock_.mark(2 + 2 * k);
+      loss_sum += loss.detach();
+    }
+    zero_ != nullptr ? zero_->end_backward() : sync_.end_backward();
+    const int sync_mark = 2 * cfg_.grad_accum + 1;
+    clock_.mark(sync_mark);
+    // The gradients are unscaled while clipped; with loss scaling the host reads their norm and
+    // the ranks agree to skip a step whose gradients overflowed.
+    bool apply = true;
+    if (cfg_.grad_clip > 0 || scaler_.enabled()) {
+      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) poison();
+      const auto norm =
+          zero_ != nullptr
+              ? clip_sharded_grad_norm({zero_}, {}, {ctx_.comm.get()}, cfg_.grad_clip, 1 / scale)
+              : clip_grad_norm_queued(params_, cfg_.grad_clip, 1 / scale);
+      if (scaler_.enabled()) {
+        apply = scaler_.update(std::isfinite(norm.item<double>()), ctx_.control.get(), rec.step);
+      }
+    }
+    if (apply && zero_ != nullptr) {
+      zero_->step();
+    } else if (apply) {
+      optimizer_.step();
+    }
+    rec.loss_scale = scale;
+    rec.skipped = apply ? 0 : 1;
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    clock_.mark(sync_mark + 1);
+    // finish_step stamps the sync's end on the host: before the next batch's preparation, which
+    // must not count as synchronisation.
+    const auto times = zero_ != nullptr ? zero_->finish_step() : sync_.finish_step();
+    if (more) {
+      before_ahead_ = data_.position();
+      ahead_ = prepare();
+    }
+    if (zero_ != nullptr) zero_->wait_params();
+    for (int k = 0; k < cfg_.grad_accum; ++k) {
+      rec.forward += clock_.elapsed(2 * k, 1 + 2 * k);
+      rec.backward += clock_.elapsed(1 + 2 * k, 2 + 2 * k);
+    }
+    rec.sync_exposed = clock_.elapsed(sync_mark - 1, sync_mark);
+    rec.sync_total = std::max(times.total, rec.sync_exposed);
+    rec.optimizer = clock_.elapsed(sync_mark, sync_mark + 1);
+    rec.padded_tokens = batch.batch.padded_tokens;
+    rec.target_tokens = batch.batch.target_tokens;
+    // loss_sum = local masked CE sum * world / global targets; report this rank's mean.
+    const double local_sum =
+        loss_sum.item<double>() / scale * static_cast<double>(batch.global_target_tokens) / world_;
+    rec.loss = batch.batch.target_tokens > 0
+                   ? local_sum / static_cast<double>(batch.batch.target_tokens)
+                   : 0.0;
+    rec.lr = cfg_.lr;
+    rec.flops = model::training_flops(
+        ctx_.model_config, 0, ctx_.model_config.num_stage_layers(), rec.padded_tokens, cfg_.seq_len,
+        positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
+    return rec.flops * world_;
+  }
+
+  void cancel_next() override {
+    if (!ahead_) return;
+    data_.set_position(before_ahead_);
+    ahead_.reset();
+  }
+
+  void save(const std::string& dir, const model::TrainState& state) override {
+    if (zero_ != nullptr) {
+      // The shards gathered into the unsharded format (every rank takes part).
+      const auto full = zero_->full_state();
+      save_replicated_checkpoint(ctx_, dir, *model_, *full, state);
+      return;
+    }
+    save_replicated_checkpoint(ctx_, dir, *model_, optimizer_, state);
+  }
+
+  EpochEval evaluate(int64_t epoch, const StopCheck& stop) override {
+    // Averaged gradients keep the replicas bitwise equal; a difference is a sync bug, caught here
+    // rather than as a quietly worse model.
+    if (world_ > 1) {
+      check_replicas(model_, *ctx_.comm, "at the end of epoch " + std::to_string(epoch + 1),
+                     "the data-parallel replicas diverged: rerun with --grad-sync per-param or "
+                     "--embedding-sync dense and report the run");
+    }
+    const int64_t vocab = ctx_.model_config.vocab_size;
+    const auto logits_fn = [&](const torch::Tensor& ids) {
+      compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
+      return model_->forward(ids).to(torch::kFloat32);
+    };
+    const auto val = validation_loss(
+        logits_fn, data_.dataset().split("validation"), cfg_.max_eval_pairs, micro_, cfg_.seq_len,
+        data_.special(), vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr, stop);
+    EpochEval out{val.loss, val.perplexity, std::nan(""), val.stopped};
+    if (val.stopped) return out;
+    const int rank = ctx_.topo.rank;
+    if (rank == 0 && cfg_.translate_samples > 0) {
+      const auto samples =
+          translate(logits_fn, data_.dataset().split("test"), cfg_.translate_samples, cfg_.seq_len,
+                    data_.special(), vocab, ctx_.tokenizer, ctx_.device,
+                    // rank 0 alone: its own signal (the loop then agrees on it)
+                    [] { return StopSignals::received() != 0; });
+      out.bleu = translations_bleu(samples);
+      for (const auto& t : samples) {
+        std::printf("  de: %s\n  en: %s\n  model: %s\n", t.source.c_str(), t.reference.c_str(),
+                    t.hypothesis.c_str());
+      }
+    }
+    if (rank == 0) {
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f",
+                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
+      if (cfg_.translate_samples > 0) {
+        std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg_.translate_samples),
+                    out.bleu);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    return out;
+  }
+
+ private:
+  // A step's batch on the device and its loss rows.
+  struct Prepared {
+    TrainData::Step batch;
+    DeviceBatch dev;
+    std::vector<model::LossRows> rows;
+    double host_seconds = 0;
+  };
+
+  // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+  void poison() {
+    const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
+    if (zero_ != nullptr) {
+      zero_->scale_grads(nan);
+      return;
+    }
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad().mul_(nan);
+    }
+  }
+
+  Prepared prepare() {
+    const auto t = Clock::now();
+    Prepared p;
+    p.batch = data_.next();
+    p.dev = to_device(p.batch.batch, ctx_.device);
+    // The head runs only where the loss counts; weights scaled so that averaging gradients over
+    // `world` ranks gives the gradient of the global batch's mean (train/data.h).
+    const double scale = static_cast<double>(world_) /
+                         static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens));
+    p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg_.grad_accum, scale,
+                              positions_);
+    p.host_seconds = since(t);
+    return p;
+  }
+
+  const RunContext& ctx_;
+  const parallel::TrainConfig& cfg_;
+  TrainData& data_;
+  model::GPT2 model_;
+  std::vector<torch::Tensor> params_;
+  compat::FusedAdamW& optimizer_;
+  GradSync& sync_;
+  ShardedAdamW* zero_;
+  LossScaler& scaler_;
+  const int world_;
+  const int64_t micro_;
+  const model::LossPositions positions_;
+  compat::DeviceClock clock_;
+  std::optional<Prepared> ahead_;
+  data::SamplerPosition before_ahead_;  // where the data stood before ahead_ was taken from it
+};
+
+}  // namespace
+
+int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program program,
+                        const Topology& topo) {
+  const char* name = program == parallel::Program::kSingle ? "gpt2_train" : "dp_train";
+  const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
+  auto ctx = make_run_context(cfg_in, program, topo);
+  const auto& cfg = ctx.cfg;
+  GPT2P_CHECK(program != parallel::Program::kSingle || topo.size == 1,
+              "gpt2_train is the single-rank trainer but runs on " << topo.size << " ranks",
+              "use mpirun -np N dp_train for data parallelism");
+  const int world = topo.size;
+  const int rank = topo.rank;
+  if (cfg.zero == 1 && world == 1) {
+    throw cli::UsageError(std::string(name) +
+                          " --zero 1 shards the optimizer state over the "
+                          "data-parallel ranks, but runs on 1 rank -- fix: start 2 or more "
+                          "(mpirun -np N), or drop --zero 1");
+  }
+  GPT2P_CHECK(
+      cfg.batch_size % world == 0,
+      "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
+      "pass a global batch that is a multiple of the number of ranks");
+
+  std::optional<TrainData> opened;
+  open_train_data(ctx, rank, world, opened);
+  TrainData& data = *opened;
+  const int64_t micro = data.local_batch() / cfg.grad_accum;
+  GPT2P_CHECK(micro * cfg.grad_accum == data.local_batch(),
+              "per-rank batch " << data.local_batch() << " does not split into --grad-accum "
+                                << cfg.grad_accum << " micro-steps",
+              "pick --grad-accum dividing --batch-size / ranks");
+
+  torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));  // dropout differs per rank
+  model::GPT2 model(ctx.model_config);
+  model->reset_parameters(cfg.seed);
+  if (!cfg.init_from.empty()) {
+    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
+                       ctx.checkpoint_timeout());
+  }
+  model->to(ctx.device);
+  model->set_kernels(ctx.kernels);
+  model->set_recompute(cfg.recompute);
+  if (world > 1) broadcast_parameters(model, *ctx.comm);
+  auto params = model->parameters();
+  compat::FusedAdamW optimizer(params,
+                               torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+
+  model::TrainState state;
+  if (!cfg.resume.empty()) {
+    // Agreed before anything is written (see pp_trainer.cpp).
+    cli::on_every_rank(
+        [&] {
+          state = model::load_checkpoint(cfg.resume, *model, &optimizer,
+                                         {cfg.allow_unverified_checkpoint});
+          check_resume_position(state, cfg, data.batches_per_epoch());
+          check_resume_identity(state, cfg, data, rank);
+          compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
+        },
+        ctx.checkpoint_timeout());
+    data.set_position({state.epoch, state.batch_in_epoch});
+  }
+  const auto reduce_dtype =
+      cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  const auto tied =
+      cfg.embedding_sync == EmbeddingSync::kSparse ? model->tied_parameter() : torch::Tensor();
+  std::unique_ptr<ShardedAdamW> zero;
+  if (cfg.zero == 1) {
+    ZeroOptions zo;
+    zo.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+    zo.buckets.bucket_mb = cfg.bucket_mb;
+    zo.buckets.dtype = reduce_dtype;
+    zo.sparse_tied = tied;
+    zero = std::make_unique<ShardedAdamW>(params, *ctx.comm, zo);
+    // The checkpoint's state (loaded whole above) is sharded; the whole copy is dropped.
+    if (!cfg.resume.empty()) zero->load_state(optimizer);
+    optimizer.state().clear();
+  }
+  auto sync = world == 1 || zero ? make_no_sync()
+                                 : make_grad_sync(cfg.grad_sync, ctx.comm.get(), params,
+                                                  cfg.bucket_mb, reduce_dtype, tied);
+  auto sink = zero ? zero->embedding_sink() : sync->embedding_sink();
+  if (sink) model->set_embedding_grad_sink(std::move(sink));
+
+  // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
+  io::RunRecorder recorder(cfg.out, run_identity(ctx, name),
+                           cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
+  if (rank == 0) {
+    std::printf(
+        "%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
+        "sync %s, %s\n",
+        name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
+        static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+        zero ? "zero-1" : sync->name().c_str(), ctx.describe_kernels().c_str());
+    if (zero) {
+      std::printf(
+          "  ZeRO-1: AdamW state %.1f MiB per rank, sharded over %d ranks (%.1f MiB "
+          "unsharded)\n",
+          static_cast<double>(zero->state_bytes()) / (1 << 20), world,
+          static_cast<double>(zero->unsharded_state_bytes()) / (1 << 20));
+    }
+    std::fflush(stdout);
+  }
+  recorder.set_attribute("zero", cfg.zero);
+  // AdamW's two float32 moments per parameter this rank keeps (measured by the analysis).
+  int64_t moments = 0;
+  for (const auto& p : params) moments += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
+  recorder.set_attribute("optimizer_state_bytes",
+                         static_cast<double>(zero ? zero->state_bytes() : moments));
+  LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
+  DataParallelStep strategy(ctx, data, model, optimizer, *sync, zero.get(), scaler);
+  return run_training(ctx, data, recorder, state,
+                      {name, rank, world, static_cast<double>(world), &scaler}, strategy);
+}
+
+}  // namespace gpt2p::parallel

@@ -1,0 +1,304 @@
+#include "gpt2p/parallel/trainers/pipeline_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "gpt2p/compat/device.h"
+#include "gpt2p/model/flops.h"
+#include "gpt2p/parallel/train/checkpoint_commit.h"
+#include "gpt2p/parallel/train/common.h"
+#include "gpt2p/parallel/train/evaluator.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+// Validation loss through the pipeline, forward only: micro-batches flow stage to stage (this
+// rank's `stages` are rank + c * ranks), the last stage sums the masked CE and broadcasts
+// (sum, count); every rank returns the same value.
+LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
+                                    comm::Communicator& comm, const data::Split& split,
+                                    int64_t max_pairs, int64_t batch_size, int64_t seq_len,
+                                    const data::SpecialTokens& special, torch::ScalarType autocast,
+                                    const StopCheck& stop) {
+  torch::NoGradGuard no_grad;
+  const int n = comm.size(), rank = comm.rank();
+  const int n_stages = n * static_cast<int>(stages.size());
+  const auto device = comm.device();
+  const int64_t total = max_pairs > 0 ? std::min(max_pairs, split.size()) : split.size();
+  double sum = 0, count = 0;
+  for (int64_t b = 0; b < total; b += batch_size) {
+    // Every rank of every replica walks the same batches, so all ask `stop` in step.
+    if (stop()) {
+      LossResult r;
+      r.stopped = true;
+      r.loss = r.perplexity = std::numeric_limits<double>::quiet_NaN();
+      return r;
+    }
+    std::vector<int64_t> idx;
+    for (int64_t i = b; i < std::min(total, b + batch_size); ++i) idx.push_back(i);
+    const auto dev = to_device(data::make_batch(split, idx, seq_len, special), device);
+    for (size_t c = 0; c < stages.size(); ++c) {
+      auto model = stages[c];  // a handle: forward() is not const
+      const int s = rank + static_cast<int>(c) * n;
+      torch::Tensor x = dev.inputs;
+      if (s > 0) {
+        x = torch::empty({dev.inputs.size(0), seq_len, model->config().n_embd},
+                         torch::TensorOptions().dtype(torch::kFloat32).device(device));
+        comm.recv(x, pipeline::rank_of_stage(s - 1, n));
+      }
+      torch::Tensor y;
+      {
+        compat::AutocastGuard guard(device, autocast);
+        y = model->forward(x).to(torch::kFloat32);
+      }
+      if (s + 1 < n_stages) {
+        comm.send(y, pipeline::rank_of_stage(s + 1, n));
+      } else {
+        const double tokens = dev.mask.sum().item<double>();
+        if (tokens == 0) continue;
+        sum += model->lm_loss(y, dev.labels, dev.mask).item<double>() * tokens;
+        count += tokens;
+      }
+    }
+  }
+  auto totals =
+      torch::tensor({sum, count}, torch::TensorOptions().dtype(torch::kFloat64)).to(device);
+  if (n > 1) comm.broadcast(totals, n - 1);
+  totals = totals.cpu();
+  LossResult r;
+  r.tokens = static_cast<int64_t>(totals[1].item<double>());
+  r.loss = r.tokens > 0 ? totals[0].item<double>() / totals[1].item<double>()
+                        : std::numeric_limits<double>::quiet_NaN();
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+// One pipeline step: the executor runs this rank's part of the schedule over the batch's
+// micro-batches, the tied embedding's gradient is summed between the first and the last stage,
+// and every stage's optimizer steps. Each rank records its actions and the loss, which the last
+// stage computes. With --zero 1 each stage's `zero` shards replace the replicas' sum and the
+// optimizers (zero.h).
+class PipelineStep final : public StepStrategy {
+ public:
+  PipelineStep(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
+               std::vector<model::GPT2>& models,
+               std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
+               std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
+               std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
+               pipeline::Executor& executor, const std::vector<int>& my_stages,
+               const pipeline::Partition& split, int microbatches, model::LossPositions positions,
+               LossScaler& scaler)
+      : ctx_(ctx),
+        cfg_(ctx.cfg),
+        data_(data),
+        recorder_(recorder),
+        models_(models),
+        optimizers_(optimizers),
+        zero_(zero),
+        replica_sum_(replica_sum),
+        stages_(stages),
+        executor_(executor),
+        my_stages_(my_stages),
+        split_(split),
+        m_(microbatches),
+        positions_(positions),
+        scaler_(scaler),
+        clock_(ctx.device, 3) {}
+
+  void set_training(bool training) override {
+    for (auto& model : models_) training ? model->train() : model->eval();
+  }
+
+  double step(io::StepRecord& rec, bool /*more*/) override {
+    const int n = ctx_.mesh.pp, rank = ctx_.mesh.pp_rank;
+    const auto t0 = Clock::now();
+    auto batch = data_.next();
+    auto dev = to_device(batch.batch, ctx_.device);
+    const double scale = scaler_.scale();
+    for (auto& stage : stages_) {
+      stage->set_batch({dev.inputs, dev.labels, dev.mask, batch.global_target_tokens,
+                        host_mask(batch.batch), scale});
+    }
+    rec.data = since(t0);
+    const auto times = executor_.run_step(rec.step, rec.start + rec.data);
+    clock_.mark(0);
+    if (zero_.empty()) {
+      // Each stage's gradient summed over its replicas (each replica's loss is its share of the
+      // global batch's mean; started by the stage's last backward), then the tied weight's two
+      // halves within each pipeline.
+      if (replica_sum_ != nullptr) replica_sum_->finish();
+      parallel::sync_tied_gradient(models_, *ctx_.comm);
+    } else {
+      // Each stage's shards over its replicas, then the tied weight's two halves within each
+      // pipeline, shard to shard: the first and the last stage shard it alike (bucketed alone), so
+      // a + b == b + a keeps their copies identical whatever order the reductions added in.
+      std::vector<torch::Tensor> tied;
+      for (size_t c = 0; c < zero_.size(); ++c) {
+        zero_[c]->reduce_now();
+        const bool ends = models_[c]->has_embedding() || models_[c]->has_head();
+        tied.push_back(ends && !models_[c]->is_full() ? zero_[c]->alone_shard_grad()
+                                                      : torch::Tensor());
+      }
+      parallel::sync_tied_gradient(models_, *ctx_.comm, tied);
+    }
+    clock_.mark(1);
+    // The gradients are unscaled while clipped; with loss scaling every rank agrees to skip a step
+    // whose gradients overflowed anywhere.
+    bool apply = true;
+    if (cfg_.grad_clip > 0 || scaler_.enabled()) {
+      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) poison();
+      const double norm = clip_norm(1 / scale);
+      if (scaler_.enabled()) {
+        apply = scaler_.update(std::isfinite(norm), ctx_.control.get(), rec.step);
+      }
+    }
+    if (apply && zero_.empty()) {
+      for (size_t c = 0; c < models_.size(); ++c) optimizers_[c]->step();
+    } else if (apply) {
+      for (auto& z : zero_) z->step();
+      for (auto& z : zero_) z->wait_params();
+    }
+    rec.loss_scale = scale;
+    rec.skipped = apply ? 0 : 1;
+    for (auto& model : models_) {
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    }
+    clock_.mark(2);
+    // The optimizer's action ends now, on the run's clock (rec.start counts from its start).
+    const double opt_end = rec.start + since(t0);
+    for (const auto& a : times.actions) recorder_.action(a);
+    rec.forward = times.forward;
+    rec.backward = times.backward;
+    rec.sync_exposed = times.comm_wait + clock_.elapsed(0, 1);
+    rec.sync_total = rec.sync_exposed;
+    rec.optimizer = clock_.elapsed(1, 2);
+    recorder_.action({rec.step, rank, static_cast<int>(io::ActionOp::kOptimizer), -1,
+                      opt_end - rec.optimizer, opt_end, 0, 0});
+    // The loss lives on the last stage; every rank records it.
+    double loss_sum = 0;
+    for (auto& stage : stages_) loss_sum += stage->take_loss();
+    auto loss =
+        torch::tensor({loss_sum}, torch::TensorOptions().dtype(torch::kFloat64)).to(ctx_.device);
+    if (n > 1) ctx_.comm->broadcast(loss, n - 1);
+    if (ctx_.dp_comm) ctx_.dp_comm->all_reduce(loss, comm::ReduceOp::kSum);
+    rec.loss = loss.item<double>();
+    rec.padded_tokens = batch.batch.padded_tokens;
+    rec.target_tokens = batch.batch.target_tokens;
+    rec.lr = cfg_.lr;
+    // Model FLOPs: this rank's stages, and the whole model's for the progress line.
+    const int64_t head_rows =
+        positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens;
+    rec.flops = 0;
+    for (const int s : my_stages_) {
+      const auto r = split_[static_cast<size_t>(s)];
+      rec.flops += model::training_flops(ctx_.model_config, r.begin, r.end, rec.padded_tokens,
+                                         cfg_.seq_len, head_rows);
+    }
+    // Every replica's tokens: the data's share of each is the same size.
+    return ctx_.mesh.dp * model::training_flops(ctx_.model_config, 0,
+                                                ctx_.model_config.num_stage_layers(),
+                                                rec.padded_tokens, cfg_.seq_len, head_rows);
+  }
+
+  void save(const std::string& dir, const model::TrainState& state) override {
+    std::vector<StagePart> parts;
+    std::vector<std::unique_ptr<compat::FusedAdamW>> gathered;  // --zero 1: unsharded states
+    for (size_t c = 0; c < models_.size(); ++c) {
+      const torch::optim::Optimizer* optimizer = optimizers_[c].get();
+      if (!zero_.empty()) {
+        gathered.push_back(zero_[c]->full_state());
+        optimizer = gathered.back().get();
+      }
+      parts.push_back({my_stages_[c], models_[c].get(), optimizer});
+    }
+    save_stage_checkpoints(ctx_, dir, parts, static_cast<int>(split_.size()), state);
+  }
+
+  EpochEval evaluate(int64_t epoch, const StopCheck& stop) override {
+    // The replicas' summed gradients keep each stage bitwise equal across them, as in dp_train.
+    if (ctx_.dp_comm) {
+      for (auto& model : models_) {
+        check_replicas(model, *ctx_.dp_comm, "at the end of epoch " + std::to_string(epoch + 1),
+                       "the pipeline's replicas diverged: report the run with its flags");
+      }
+    }
+    const auto val = pipeline_validation_loss(
+        models_, *ctx_.comm, data_.dataset().split("validation"), cfg_.max_eval_pairs,
+        data_.local_batch() / m_, cfg_.seq_len, data_.special(), ctx_.autocast, stop);
+    if (val.stopped) return {val.loss, val.perplexity, std::nan(""), true};
+    if (ctx_.topo.rank == 0) {
+      std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
+                  static_cast<long long>(epoch + 1), val.loss, val.perplexity);
+      std::fflush(stdout);
+    }
+    return {val.loss, val.perplexity, std::nan("")};
+  }
+
+ private:
+  // Clips (at --grad-clip; 0: not) and unscales the gradients of every stage of every rank;
+  // returns their true global norm (the host waits for it).
+  double clip_norm(double inv_scale) {
+    if (zero_.empty()) {
+      return parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip, inv_scale);
+    }
+    std::vector<ShardedAdamW*> shards;
+    std::vector<torch::Tensor> uncounted;  // the head's copy of the tied weight
+    for (size_t c = 0; c < models_.size(); ++c) {
+      shards.push_back(zero_[c].get());
+      uncounted.push_back(models_[c]->has_embedding() ? torch::Tensor()
+                                                      : models_[c]->tied_parameter());
+    }
+    // One all-reduce over every rank: each gets the same factor, the two copies of the tied
+    // weight included.
+    return clip_sharded_grad_norm(shards, uncounted, {ctx_.control.get()}, cfg_.grad_clip,
+                                  inv_scale)
+        .item<double>();
+  }
+
+  // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+  void poison() {
+    const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
+    for (auto& z : zero_) z->scale_grads(nan);
+    if (!zero_.empty()) return;
+    for (auto& model : models_) {
+      for (auto& p : model->parameters()) {
+        if (p.grad().defined()) p.mutable_grad().mul_(nan);
+      }
+    }
+  }
+
+  const RunContext& ctx_;
+  const parallel::TrainConfig& cfg_;
+  TrainData& data_;
+  io::RunRecorder& recorder_;
+  std::vector<model::GPT2>& models_;
+  std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers_;
+  std::vector<std::unique_ptr<ShardedAdamW>>& zero_;
+  ReplicaGradSync* replica_sum_;  // null with one replica or with ZeRO
+  std::vector<std::unique_ptr<pipeline::GptStage>>& stages_;
+  pipeline::Executor& executor_;
+  const std::vector<int>& my_stages_;
+  const pipeline::Partition& split_;
+  const int m_;
+  const model::LossPositions positions_;
+  LossScaler& scaler_;
+  compat::DeviceClock clock_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepStrategy> make_pipeline_step(
+    const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
+    std::vector<model::GPT2>& models, std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
+    std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
+    std::vector<std::unique_ptr<pipeline::GptStage>>& stages, pipeline::Executor& executor,
+    const std::vector<int>& my_stages, const pipeline::Partition& split, int microbatches,
+    model::LossPositions positions, LossScaler& scaler) {
+  return std::make_unique<PipelineStep>(ctx, data, recorder, models, optimizers, zero, replica_sum,
+                                        stages, executor, my_stages, split, microbatches, positions,
+                                        scaler);
+}
+
+}  // namespace gpt2p::parallel

@@ -1,0 +1,258 @@
+#include "gpt2p/parallel/trainers/pp_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <optional>
+
+#include "gpt2p/cli/main_guard.h"
+#include "gpt2p/cli/options.h"
+#include "gpt2p/compat/adamw.h"
+#include "gpt2p/compat/device.h"
+#include "gpt2p/compat/rng.h"
+#include "gpt2p/core/error.h"
+#include "gpt2p/core/stop_signal.h"
+#include "gpt2p/model/checkpoint.h"
+#include "gpt2p/model/flops.h"
+#include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
+#include "gpt2p/parallel/data_parallel/zero.h"
+#include "gpt2p/parallel/train/checkpoint_commit.h"
+#include "gpt2p/parallel/train/common.h"
+#include "gpt2p/parallel/train/context.h"
+#include "gpt2p/parallel/train/data.h"
+#include "gpt2p/parallel/train/evaluator.h"
+#include "gpt2p/parallel/train/loop.h"
+#include "gpt2p/parallel/trainers/pipeline_step.h"
+#include "gpt2p/parallel/trainers/stage_split.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/executor.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+// Replica 0's measured layer costs on every replica (float64 over `dp_comm`'s device).
+std::vector<double> broadcast_costs(comm::Communicator& dp_comm, const std::vector<double>& costs) {
+  auto t = torch::tensor(costs, torch::TensorOptions().dtype(torch::kFloat64)).to(dp_comm.device());
+  dp_comm.broadcast(t, 0);
+  t = t.cpu().contiguous();
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+}
+
+}  // namespace
+
+int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
+  const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
+  auto ctx = make_run_context(cfg_in, parallel::Program::kPipeline, topo);
+  const auto& cfg = ctx.cfg;
+  // This rank's pipeline: n ranks, of which it is `rank` (the world with --dp 1; mesh.h).
+  const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
+  const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
+  if (cfg.zero == 1 && ctx.mesh.dp < 2) {
+    throw cli::UsageError(
+        "pp_train --zero 1 shards each stage's optimizer state over its "
+        "data-parallel replicas, but --dp is " +
+        std::to_string(ctx.mesh.dp) +
+        " -- fix: pass --dp 2 or more (mpirun -np D*P pp_train --dp D), or drop "
+        "--zero 1");
+  }
+  const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
+  const int n_stages = n * v;
+  GPT2P_CHECK(v == 1 || n >= 2,
+              "--schedule interleaved on " << n << " rank: nothing to interleave with",
+              "start 2 or more ranks, or use --schedule 1f1b on one rank");
+  GPT2P_CHECK(v == 1 || m % n == 0,
+              "--microbatches " << m << " is not a multiple of the " << n
+                                << " ranks, as --schedule interleaved needs",
+              "pick --microbatches from " << n << ", " << 2 * n << ", " << 4 * n << ", ...");
+  // A pipeline's ranks all see their replica's batch: replica d is data rank d of D (with --dp 1
+  // the global batch, a data "world" of one).
+  std::optional<TrainData> opened;
+  open_train_data(ctx, ctx.mesh.dp_rank, ctx.mesh.dp, opened);
+  TrainData& data = *opened;
+  const auto positions = cfg.loss_positions;
+  // The head's cost depends on how many positions it runs at: the data's share of targets.
+  const double loss_share =
+      positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
+  std::vector<double> costs;
+  if (cfg.partition == pipeline::PartitionKind::kMeasured && cfg.resume.empty()) {
+    costs = measured_layer_costs(*ctx.comm, ctx.model_config, data.local_batch() / m, cfg.seq_len,
+                                 ctx.autocast, loss_share);
+    // Every replica splits as replica 0 measured, or their stages would differ.
+    if (ctx.dp_comm) costs = broadcast_costs(*ctx.dp_comm, costs);
+    compat::reset_peak_memory(ctx.device);
+  }
+  pipeline::Partition split;  // agreed: a checkpoint every rank rejects is reported once
+  cli::on_every_rank(
+      [&] {
+        split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
+                                                     cfg.seq_len, costs, v, loss_share)
+                                   : checkpoint_partition(cfg.resume, n_stages, ctx.mesh.dp);
+      },
+      ctx.checkpoint_timeout());
+  GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
+              "use --microbatches: the pipeline accumulates over its micro-batches");
+  const auto kind = cfg.schedule;
+
+  torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
+  // This rank's stages, each with its own optimizer and checkpoint directory.
+  std::vector<int> my_stages;
+  std::vector<model::GPT2> models;
+  std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers;
+  for (int c = 0; c < v; ++c) {
+    const int s = rank + c * n;
+    const auto range = split[static_cast<size_t>(s)];
+    model::GPT2 model(ctx.model_config, range);
+    model->reset_parameters(cfg.seed);
+    if (!cfg.init_from.empty()) {
+      cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
+                         ctx.checkpoint_timeout());
+    }
+    model->to(ctx.device);
+    model->set_kernels(ctx.kernels);
+    model->set_recompute(cfg.recompute);
+    optimizers.push_back(std::make_unique<compat::FusedAdamW>(
+        model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
+    my_stages.push_back(s);
+    models.push_back(model);
+  }
+  model::TrainState state;
+  if (!cfg.resume.empty()) {
+    // Agreed before anything is written: a stage that cannot be read ends the job on every rank
+    // while the run's files are as they were.
+    cli::on_every_rank(
+        [&] {
+          for (int c = 0; c < v; ++c) {
+            const std::string dir =
+                cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
+            auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
+                                             optimizers[static_cast<size_t>(c)].get(),
+                                             {cfg.allow_unverified_checkpoint});
+            if (c == 0) state = st;
+            check_resume_position(st, cfg, data.batches_per_epoch());
+            if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
+          }
+          compat::set_rng_state(
+              ctx.device, ctx.mesh.dp > 1 ? rank_rng_state(state, ctx.mesh.dp_rank, ctx.mesh.dp)
+                                          : state.rng_state);
+        },
+        ctx.checkpoint_timeout());
+    data.set_position({state.epoch, state.batch_in_epoch});
+  }
+
+  // --zero 1: each stage's AdamW state sharded over its replicas; a resumed state is sharded and
+  // the whole copy dropped.
+  std::vector<std::unique_ptr<ShardedAdamW>> zero;
+  if (cfg.zero == 1) {
+    for (size_t c = 0; c < models.size(); ++c) {
+      ZeroOptions zo;
+      zo.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+      zo.buckets.bucket_mb = cfg.bucket_mb;
+      zo.op = comm::ReduceOp::kSum;
+      zo.overlap = false;
+      zo.buckets.alone = models[c]->tied_parameter();
+      zero.push_back(std::make_unique<ShardedAdamW>(models[c]->parameters(), *ctx.dp_comm, zo));
+      if (!cfg.resume.empty()) zero.back()->load_state(*optimizers[c]);
+      optimizers[c]->state().clear();
+    }
+  }
+
+  std::vector<std::unique_ptr<pipeline::GptStage>> stages;
+  std::vector<pipeline::Stage*> stage_ptrs;
+  for (auto& model : models) {
+    stages.push_back(
+        std::make_unique<pipeline::GptStage>(model, m, ctx.autocast, positions, cfg.zero_bubble));
+    stage_ptrs.push_back(stages.back().get());
+  }
+  // The replicas' sum, each stage's started by its last backward (without ZeRO, whose
+  // reduce-scatter follows the tied weight's exchange instead).
+  std::unique_ptr<ReplicaGradSync> replica_sum;
+  if (ctx.dp_comm && zero.empty()) {
+    replica_sum = std::make_unique<ReplicaGradSync>(models, *ctx.dp_comm, cfg.bucket_mb);
+    for (size_t c = 0; c < stages.size(); ++c) {
+      stages[c]->set_last_backward_hook([sum = replica_sum.get(), c] { sum->arm(c); });
+    }
+  }
+  pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
+                                    ctx.grad_wrap_comm.get());
+  const auto schedule =
+      cfg.zero_bubble
+          ? pipeline::make_zero_bubble_schedule(
+                kind, m, n, v,
+                pipeline::zero_bubble_costs(
+                    split, static_cast<int>(ctx.model_config.n_layer),
+                    static_cast<int>(ctx.model_config.n_embd), static_cast<int>(cfg.seq_len),
+                    static_cast<int>(ctx.model_config.padded_vocab_size()), loss_share),
+                cfg.zb_extra_live)
+          : pipeline::make_schedule(kind, m, n, v);
+  pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
+                              ctx.device);
+  // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
+  io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"),
+                           cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
+  recorder.set_attribute("stage", rank);
+  recorder.set_attribute("dp", ctx.mesh.dp);
+  recorder.set_attribute("dp_rank", ctx.mesh.dp_rank);
+  recorder.set_attribute("pp", ctx.mesh.pp);
+  recorder.set_attribute("pp_rank", ctx.mesh.pp_rank);
+  // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
+  // (layer_begin_<c>, layer_end_<c>).
+  for (int c = 0; c < v; ++c) {
+    const auto r = split[static_cast<size_t>(my_stages[static_cast<size_t>(c)])];
+    const std::string suffix = c == 0 ? "" : "_" + std::to_string(c);
+    recorder.set_attribute("layer_begin" + suffix, r.begin);
+    recorder.set_attribute("layer_end" + suffix, r.end);
+  }
+  recorder.set_attribute("stages_per_rank", v);
+  recorder.set_attribute("microbatches", m);
+  if (!costs.empty()) {
+    recorder.set_attribute("layer_time_embedding_s", costs.front());
+    recorder.set_attribute("layer_time_block_s", costs[1]);
+    recorder.set_attribute("layer_time_head_s", costs.back());
+  }
+  if (topo.rank == 0) {
+    const std::string replicas =
+        ctx.mesh.dp > 1 ? std::to_string(ctx.mesh.dp) + " replicas of " : std::string();
+    std::printf(
+        "pp_train: %s%d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, "
+        "%d micro-batch(es), global batch %lld x %lld tokens\n"
+        "  %s split (layers, inclusive): %s\n"
+        "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
+        replicas.c_str(), n, v,
+        ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
+        name_string(cfg.schedule).c_str(), m, static_cast<long long>(cfg.batch_size),
+        static_cast<long long>(cfg.seq_len),
+        cfg.resume.empty() ? name_string(cfg.partition).c_str() : "checkpoint's",
+        pipeline::to_string(split).c_str(), name_string(cfg.loss_positions).c_str(),
+        data.target_fraction(), ctx.describe_kernels().c_str());
+    if (!costs.empty()) {
+      std::printf(
+          "  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
+          " (= %.2f blocks)\n",
+          1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
+          costs[1] > 0 ? costs.back() / costs[1] : 0.0);
+    }
+    std::fflush(stdout);
+  }
+
+  recorder.set_attribute("zero", cfg.zero);
+  if (topo.rank == 0 && !zero.empty()) {
+    std::printf(
+        "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
+        "(%.1f MiB unsharded)\n",
+        static_cast<double>(zero.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
+        static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
+    std::fflush(stdout);
+  }
+  LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
+  const auto strategy =
+      make_pipeline_step(ctx, data, recorder, models, optimizers, zero, replica_sum.get(), stages,
+                         executor, my_stages, split, m, positions, scaler);
+  return run_training(ctx, data, recorder, state,
+                      {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp), &scaler},
+                      *strategy);
+}
+
+}  // namespace gpt2p::parallel
