@@ -12,12 +12,12 @@
 
 namespace gpt2p::parallel {
 
-int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
+int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recorder,
                  const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy) {
   const auto& cfg = ctx.cfg;
   clear_stopped(cfg.out, setup.rank);
   // One start for all ranks: every rank's times count from here, so stages line up in timelines.
-  ctx.comm->barrier();
+  ctx.comm.barrier();
   const auto run_start = Clock::now();
   const auto now = [&] { return std::chrono::duration<double>(Clock::now() - run_start).count(); };
   const int64_t per_epoch = data.batches_per_epoch();
@@ -79,7 +79,7 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
            setup.scaler != nullptr && setup.scaler->enabled() ? setup.scaler->state().skipped_steps
                                                               : -1});
       profiler.after_step(step);
-      stopped_by = stop_requested(*ctx.control);
+      stopped_by = stop_requested(ctx.control);
       end_epoch_at = epoch;
       end_batch_at = b + 1;
       if (advance_step(
@@ -104,7 +104,7 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
     // training is then committed at once instead of after the rest of the evaluation.
     const bool stopped_in_training = stopped_by != 0;
     const StopCheck stop = [&] {
-      if (stopped_by == 0) stopped_by = stop_requested(*ctx.control);
+      if (stopped_by == 0) stopped_by = stop_requested(ctx.control);
       return stopped_by != 0;
     };
     const EpochEval val = strategy.evaluate(epoch, stop);
@@ -114,7 +114,7 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
       save(resume_at.epoch, resume_at.batch);
     }
     // Evaluation and the checkpoints must not leak into another rank's next timed step.
-    if (setup.ranks > 1) ctx.comm->barrier();
+    if (setup.ranks > 1) ctx.comm.barrier();
     if (stopped_by != 0) {
       recorder.set_attribute("peak_memory_bytes", run_peak);
       return stopped(stopped_by);
@@ -124,8 +124,14 @@ int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& record
   if (cfg.save_every > 0 && saved_step != step) save(end_epoch_at, end_batch_at);
   recorder.set_attribute("peak_memory_bytes", run_peak);
   recorder.close();
-  if (setup.ranks > 1) ctx.comm->barrier();
+  if (setup.ranks > 1) ctx.comm.barrier();
   return 0;
+}
+
+int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
+                 const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy) {
+  return run_training(LoopContext{ctx.cfg, ctx.device, *ctx.comm, *ctx.control, ctx.peak_flops},
+                      data, recorder, state, setup, strategy);
 }
 
 }  // namespace gpt2p::parallel

@@ -64,8 +64,21 @@ struct LoopSetup {
   const LossScaler* scaler = nullptr;
 };
 
+// What the loop uses of the run: its flags, its device, and the ranks it agrees with. A test
+// gives it fake communicators (comm/fake_communicator.h).
+struct LoopContext {
+  const TrainConfig& cfg;
+  torch::Device device;
+  comm::Communicator& comm;     // the start barrier and the barriers after evaluation
+  comm::Communicator& control;  // the agreement on a stop signal, after every step
+  double peak_flops = 0;        // one GPU's, for the progress line's MFU (0: none)
+};
+
 // Trains from `state` (a fresh run's is zero) to --epochs or --max-steps, recording into
 // `recorder`. Returns 0, or cli::kExitStopped after a stop signal (a checkpoint is committed).
+int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recorder,
+                 const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy);
+// The same with `ctx`'s flags, device, communicator and control communicator.
 int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
                  const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy);
 
