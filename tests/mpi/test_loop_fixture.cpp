@@ -145,6 +145,19 @@ TEST_F(LoopFixture, DataParallelPerParamDenseEmbedding) {
   check("dp_per_param", "dp_per_param");
 }
 
+// ZeRO-1's sharded AdamW, two accumulated micro-steps a step, and clipping that bites (the tiny
+// model's norm is far above 0.05), so the sharded norm and the scaled update are pinned as well.
+TEST_F(LoopFixture, DataParallelZeroAccumulatedClipped) {
+  auto c = base("dp_zero", 3);
+  c.epochs = 2;  // 2 steps an epoch: the third starts the second epoch
+  c.zero = 1;
+  c.grad_accum = 2;
+  c.grad_clip = 0.05;
+  c.batch_size = 24;
+  ASSERT_EQ(train_data_parallel(c, parallel::Program::kDataParallel, topo), 0);
+  check("dp_zero", "dp_zero");
+}
+
 TEST_F(LoopFixture, Pipeline1F1B) {
   auto c = base("pp_1f1b", 3, 1);
   c.mode = gpt2p::parallel::PipelineMode::kPipeline;
@@ -179,6 +192,34 @@ TEST_F(LoopFixture, ModelParallel) {
   c.mode = gpt2p::parallel::PipelineMode::kModelParallel;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_mp", "pp_mp");
+}
+
+// Two replicas of a 2-stage 1F1B pipeline (4 ranks): the replicas' gradient sums, with and
+// without ZeRO-1 over each stage's replicas.
+parallel::TrainConfig hybrid(parallel::TrainConfig c) {
+  c.n_layer = 4;
+  c.dp = 2;
+  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
+  c.microbatches = 2;
+  c.batch_size = 24;
+  c.epochs = 2;  // 2 steps an epoch: the third starts the second epoch
+  return c;
+}
+
+TEST_F(LoopFixture, HybridReplicatedPipelines) {
+  if (comm->size() != 4) GTEST_SKIP() << "two 2-stage replicas need 4 ranks";
+  auto c = hybrid(base("hybrid", 3));
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  check("hybrid", "hybrid");
+}
+
+TEST_F(LoopFixture, HybridZero) {
+  if (comm->size() != 4) GTEST_SKIP() << "two 2-stage replicas need 4 ranks";
+  auto c = hybrid(base("hybrid_zero", 3));
+  c.zero = 1;
+  ASSERT_EQ(train_pipeline(c, topo), 0);
+  check("hybrid_zero", "hybrid_zero");
 }
 
 }  // namespace
