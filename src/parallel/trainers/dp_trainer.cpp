@@ -15,9 +15,7 @@
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
-#include "gpt2p/parallel/data_parallel/grad_norm.h"
-#include "gpt2p/parallel/data_parallel/grad_sync.h"
-#include "gpt2p/parallel/data_parallel/zero.h"
+#include "gpt2p/parallel/data_parallel/reducer.h"
 #include "gpt2p/parallel/train/checkpoint_commit.h"
 #include "gpt2p/parallel/train/common.h"
 #include "gpt2p/parallel/train/context.h"
@@ -33,21 +31,17 @@ namespace {
 // global batch (in --grad-accum micro-steps), the gradients are averaged (`sync`), then clipped
 // and applied. The next step's batch is prepared while the GPU still works on this one (after the
 // optimizer is queued, before the host reads the step's clocks): the host's part -- sampling,
-// pinned copies, loss rows -- then leaves no gap on the GPU. With --zero 1 `zero` replaces both
-// the sync and the optimizer (zero.h): its parameter gathers run while the next batch is prepared.
+// pinned copies, loss rows -- then leaves no gap on the GPU. The reducer (reducer.h) holds the
+// optimizer; with --zero 1 its parameter gathers run while the next batch is prepared.
 class DataParallelStep final : public StepStrategy {
  public:
-  DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model,
-                   compat::FusedAdamW& optimizer, GradSync& sync, ShardedAdamW* zero,
+  DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model, GradReducer& reducer,
                    LossScaler& scaler)
       : ctx_(ctx),
         cfg_(ctx.cfg),
         data_(data),
         model_(std::move(model)),
-        params_(model_->parameters()),
-        optimizer_(optimizer),
-        sync_(sync),
-        zero_(zero),
+        reducer_(reducer),
         scaler_(scaler),
         world_(ctx.topo.size),
         micro_(data.local_batch() / ctx.cfg.grad_accum),
@@ -72,48 +66,41 @@ class DataParallelStep final : public StepStrategy {
                             model::scaled(cur.rows[static_cast<size_t>(k)], scale), ctx_.autocast);
       }
       clock_.mark(1 + 2 * k);
-      if (zero_ != nullptr) {
-        zero_->begin_backward(k + 1 == cfg_.grad_accum);
-      } else {
-        sync_.begin_backward(k + 1 == cfg_.grad_accum);
-      }
+      reducer_.begin_backward(k + 1 == cfg_.grad_accum);
       loss.backward();
       clock_.mark(2 + 2 * k);
       loss_sum += loss.detach();
     }
-    zero_ != nullptr ? zero_->end_backward() : sync_.end_backward();
+    reducer_.finish_grad_sync();
     const int sync_mark = 2 * cfg_.grad_accum + 1;
     clock_.mark(sync_mark);
     // The gradients are unscaled while clipped; with loss scaling the host reads their norm and
     // the ranks agree to skip a step whose gradients overflowed.
     bool apply = true;
     if (cfg_.grad_clip > 0 || scaler_.enabled()) {
-      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) poison();
-      const auto norm =
-          zero_ != nullptr
-              ? clip_sharded_grad_norm({zero_}, {}, {ctx_.comm.get()}, cfg_.grad_clip, 1 / scale)
-              : clip_grad_norm_queued(params_, cfg_.grad_clip, 1 / scale);
+      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) {
+        // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+        reducer_.scale_grads(
+            torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device)));
+      }
+      const auto norm = reducer_.clip_grad_norm(cfg_.grad_clip, 1 / scale);
       if (scaler_.enabled()) {
         apply = scaler_.update(std::isfinite(norm.item<double>()), ctx_.control.get(), rec.step);
       }
     }
-    if (apply && zero_ != nullptr) {
-      zero_->step();
-    } else if (apply) {
-      optimizer_.step();
-    }
+    if (apply) reducer_.step();
     rec.loss_scale = scale;
     rec.skipped = apply ? 0 : 1;
-    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    reducer_.zero_grad();
     clock_.mark(sync_mark + 1);
     // finish_step stamps the sync's end on the host: before the next batch's preparation, which
     // must not count as synchronisation.
-    const auto times = zero_ != nullptr ? zero_->finish_step() : sync_.finish_step();
+    const auto times = reducer_.finish_step();
     if (more) {
       before_ahead_ = data_.position();
       ahead_ = prepare();
     }
-    if (zero_ != nullptr) zero_->wait_params();
+    reducer_.wait_params();
     for (int k = 0; k < cfg_.grad_accum; ++k) {
       rec.forward += clock_.elapsed(2 * k, 1 + 2 * k);
       rec.backward += clock_.elapsed(1 + 2 * k, 2 + 2 * k);
@@ -143,13 +130,8 @@ class DataParallelStep final : public StepStrategy {
   }
 
   void save(const std::string& dir, const model::TrainState& state) override {
-    if (zero_ != nullptr) {
-      // The shards gathered into the unsharded format (every rank takes part).
-      const auto full = zero_->full_state();
-      save_replicated_checkpoint(ctx_, dir, *model_, *full, state);
-      return;
-    }
-    save_replicated_checkpoint(ctx_, dir, *model_, optimizer_, state);
+    std::unique_ptr<compat::FusedAdamW> gathered;  // zero-1: the shards, unsharded
+    save_replicated_checkpoint(ctx_, dir, *model_, reducer_.checkpoint_state(gathered), state);
   }
 
   EpochEval evaluate(int64_t epoch, const StopCheck& stop) override {
@@ -205,18 +187,6 @@ class DataParallelStep final : public StepStrategy {
     double host_seconds = 0;
   };
 
-  // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
-  void poison() {
-    const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
-    if (zero_ != nullptr) {
-      zero_->scale_grads(nan);
-      return;
-    }
-    for (auto& p : params_) {
-      if (p.grad().defined()) p.mutable_grad().mul_(nan);
-    }
-  }
-
   Prepared prepare() {
     const auto t = Clock::now();
     Prepared p;
@@ -236,10 +206,7 @@ class DataParallelStep final : public StepStrategy {
   const parallel::TrainConfig& cfg_;
   TrainData& data_;
   model::GPT2 model_;
-  std::vector<torch::Tensor> params_;
-  compat::FusedAdamW& optimizer_;
-  GradSync& sync_;
-  ShardedAdamW* zero_;
+  GradReducer& reducer_;
   LossScaler& scaler_;
   const int world_;
   const int64_t micro_;
@@ -294,15 +261,15 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   model->set_recompute(cfg.recompute);
   if (world > 1) broadcast_parameters(model, *ctx.comm);
   auto params = model->parameters();
-  compat::FusedAdamW optimizer(params,
-                               torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  const auto adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+  auto optimizer = std::make_unique<compat::FusedAdamW>(params, adam);
 
   model::TrainState state;
   if (!cfg.resume.empty()) {
     // Agreed before anything is written (see pp_trainer.cpp).
     cli::on_every_rank(
         [&] {
-          state = model::load_checkpoint(cfg.resume, *model, &optimizer,
+          state = model::load_checkpoint(cfg.resume, *model, optimizer.get(),
                                          {cfg.allow_unverified_checkpoint});
           check_resume_position(state, cfg, data.batches_per_epoch());
           check_resume_identity(state, cfg, data, rank);
@@ -311,26 +278,18 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
         ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
   }
-  const auto reduce_dtype =
-      cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  const auto tied =
-      cfg.embedding_sync == EmbeddingSync::kSparse ? model->tied_parameter() : torch::Tensor();
-  std::unique_ptr<ShardedAdamW> zero;
-  if (cfg.zero == 1) {
-    ZeroOptions zo;
-    zo.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
-    zo.buckets.bucket_mb = cfg.bucket_mb;
-    zo.buckets.dtype = reduce_dtype;
-    zo.sparse_tied = tied;
-    zero = std::make_unique<ShardedAdamW>(params, *ctx.comm, zo);
-    // The checkpoint's state (loaded whole above) is sharded; the whole copy is dropped.
-    if (!cfg.resume.empty()) zero->load_state(optimizer);
-    optimizer.state().clear();
-  }
-  auto sync = world == 1 || zero ? make_no_sync()
-                                 : make_grad_sync(cfg.grad_sync, ctx.comm.get(), params,
-                                                  cfg.bucket_mb, reduce_dtype, tied);
-  auto sink = zero ? zero->embedding_sink() : sync->embedding_sink();
+  ReducerOptions ro;
+  ro.kind = cfg.zero == 1                              ? ReducerKind::kSharded
+            : world == 1                               ? ReducerKind::kNone
+            : cfg.grad_sync == GradSyncMode::kPerParam ? ReducerKind::kPerParam
+                                                       : ReducerKind::kBucketed;
+  ro.group = ctx.comm.get();
+  ro.bucket_mb = cfg.bucket_mb;
+  ro.dtype = cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  ro.adam = adam;
+  if (cfg.embedding_sync == EmbeddingSync::kSparse) ro.sparse_tied = model->tied_parameter();
+  const auto reducer = make_reducer(params, std::move(optimizer), ro);
+  auto sink = reducer->embedding_sink();
   if (sink) model->set_embedding_grad_sink(std::move(sink));
 
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
@@ -343,24 +302,21 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
         name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
         static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
-        zero ? "zero-1" : sync->name().c_str(), ctx.describe_kernels().c_str());
-    if (zero) {
+        reducer->name().c_str(), ctx.describe_kernels().c_str());
+    if (ro.kind == ReducerKind::kSharded) {
       std::printf(
           "  ZeRO-1: AdamW state %.1f MiB per rank, sharded over %d ranks (%.1f MiB "
           "unsharded)\n",
-          static_cast<double>(zero->state_bytes()) / (1 << 20), world,
-          static_cast<double>(zero->unsharded_state_bytes()) / (1 << 20));
+          static_cast<double>(reducer->state_bytes()) / (1 << 20), world,
+          static_cast<double>(reducer->unsharded_state_bytes()) / (1 << 20));
     }
     std::fflush(stdout);
   }
   recorder.set_attribute("zero", cfg.zero);
   // AdamW's two float32 moments per parameter this rank keeps (measured by the analysis).
-  int64_t moments = 0;
-  for (const auto& p : params) moments += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
-  recorder.set_attribute("optimizer_state_bytes",
-                         static_cast<double>(zero ? zero->state_bytes() : moments));
+  recorder.set_attribute("optimizer_state_bytes", static_cast<double>(reducer->state_bytes()));
   LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
-  DataParallelStep strategy(ctx, data, model, optimizer, *sync, zero.get(), scaler);
+  DataParallelStep strategy(ctx, data, model, *reducer, scaler);
   return run_training(ctx, data, recorder, state,
                       {name, rank, world, static_cast<double>(world), &scaler}, strategy);
 }

@@ -1,0 +1,132 @@
+#include "gpt2p/parallel/data_parallel/reducer.h"
+
+#include <utility>
+
+#include "gpt2p/core/error.h"
+#include "gpt2p/parallel/data_parallel/grad_norm.h"
+#include "gpt2p/parallel/data_parallel/zero.h"
+
+namespace gpt2p::parallel {
+namespace {
+
+// none, per-param, bucketed: every rank holds the whole AdamW state and steps it on the reduced
+// gradients.
+class ReplicatedReducer final : public GradReducer {
+ public:
+  ReplicatedReducer(std::vector<torch::Tensor> params, std::unique_ptr<GradSync> sync,
+                    std::unique_ptr<compat::FusedAdamW> optimizer)
+      : params_(std::move(params)), sync_(std::move(sync)), optimizer_(std::move(optimizer)) {}
+
+  std::string name() const override { return sync_->name(); }
+  void begin_backward(bool sync) override { sync_->begin_backward(sync); }
+  void finish_grad_sync() override { sync_->end_backward(); }
+  GradSync::EmbeddingGradSink embedding_sink() override { return sync_->embedding_sink(); }
+
+  torch::Tensor clip_grad_norm(double max_norm, double inv_scale) override {
+    return clip_grad_norm_queued(params_, max_norm, inv_scale);
+  }
+  void scale_grads(const torch::Tensor& coef) override {
+    for (auto& p : params_) {
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    }
+  }
+
+  void step() override { optimizer_->step(); }
+  void zero_grad() override {
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  }
+  SyncTimes finish_step() override { return sync_->finish_step(); }
+
+  const torch::optim::Optimizer& checkpoint_state(
+      std::unique_ptr<compat::FusedAdamW>& /*scratch*/) override {
+    return *optimizer_;
+  }
+  int64_t state_bytes() const override { return unsharded_state_bytes(); }
+  int64_t unsharded_state_bytes() const override {
+    int64_t bytes = 0;
+    for (const auto& p : params_) bytes += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
+    return bytes;
+  }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<GradSync> sync_;
+  std::unique_ptr<compat::FusedAdamW> optimizer_;
+};
+
+// zero-1: ShardedAdamW (zero.h) behind the reducer's calls.
+class ShardedReducer final : public GradReducer {
+ public:
+  ShardedReducer(std::unique_ptr<ShardedAdamW> zero, comm::Communicator& group)
+      : zero_(std::move(zero)), group_(group) {}
+
+  std::string name() const override { return "zero-1"; }
+  void begin_backward(bool sync) override { zero_->begin_backward(sync); }
+  void finish_grad_sync() override { zero_->end_backward(); }
+  GradSync::EmbeddingGradSink embedding_sink() override { return zero_->embedding_sink(); }
+
+  torch::Tensor clip_grad_norm(double max_norm, double inv_scale) override {
+    return clip_sharded_grad_norm({zero_.get()}, {}, {&group_}, max_norm, inv_scale);
+  }
+  void scale_grads(const torch::Tensor& coef) override { zero_->scale_grads(coef); }
+
+  void step() override { zero_->step(); }
+  void zero_grad() override {
+    for (auto p : zero_->params()) p.mutable_grad() = torch::Tensor();
+  }
+  SyncTimes finish_step() override { return zero_->finish_step(); }
+  void wait_params() override { zero_->wait_params(); }
+
+  const torch::optim::Optimizer& checkpoint_state(
+      std::unique_ptr<compat::FusedAdamW>& scratch) override {
+    scratch = zero_->full_state();
+    return *scratch;
+  }
+  int64_t state_bytes() const override { return zero_->state_bytes(); }
+  int64_t unsharded_state_bytes() const override { return zero_->unsharded_state_bytes(); }
+
+ private:
+  std::unique_ptr<ShardedAdamW> zero_;
+  comm::Communicator& group_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
+                                          std::unique_ptr<compat::FusedAdamW> optimizer,
+                                          const ReducerOptions& options) {
+  GPT2P_CHECK(optimizer != nullptr, "make_reducer: no optimizer",
+              "this is a bug: pass the part's AdamW");
+  GPT2P_CHECK(options.kind == ReducerKind::kNone || options.group != nullptr,
+              "make_reducer: a reducing kind without a group",
+              "this is a bug: pass the part's data-parallel communicator");
+  switch (options.kind) {
+    case ReducerKind::kNone:
+      return std::make_unique<ReplicatedReducer>(std::move(params), make_no_sync(),
+                                                 std::move(optimizer));
+    case ReducerKind::kPerParam:
+    case ReducerKind::kBucketed: {
+      const auto mode = options.kind == ReducerKind::kPerParam ? GradSyncMode::kPerParam
+                                                               : GradSyncMode::kBucketed;
+      auto sync = make_grad_sync(mode, options.group, params, options.bucket_mb, options.dtype,
+                                 options.sparse_tied);
+      return std::make_unique<ReplicatedReducer>(std::move(params), std::move(sync),
+                                                 std::move(optimizer));
+    }
+    case ReducerKind::kSharded: {
+      ZeroOptions zo;
+      zo.adam = options.adam;
+      zo.buckets.bucket_mb = options.bucket_mb;
+      zo.buckets.dtype = options.dtype;
+      zo.sparse_tied = options.sparse_tied;
+      auto zero = std::make_unique<ShardedAdamW>(std::move(params), *options.group, zo);
+      // The whole state (a checkpoint's, or none) is sharded; the whole copy is dropped.
+      zero->load_state(*optimizer);
+      return std::make_unique<ShardedReducer>(std::move(zero), *options.group);
+    }
+  }
+  GPT2P_CHECK(false, "make_reducer: unknown kind", "this is a bug");
+  return nullptr;
+}
+
+}  // namespace gpt2p::parallel
