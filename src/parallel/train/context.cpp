@@ -118,9 +118,9 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     parallel::resolve_train_config(cfg, program, compat::cuda_available());
     if (program == parallel::Program::kPipeline) {
       mesh = make_mesh(topo.size, topo.rank, cfg.dp);
-      check_mesh_batch(mesh, cfg.batch_size,
-                       cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches);
+      check_mesh_batch(mesh, cfg.batch_size, cfg.microbatches);  // resolved: 1 for model parallel
     }
+    check_mesh_zero(mesh, cfg.zero, program_name(program));
     compat::set_attention_backend(cfg.attention);
     if (!cfg.profile.empty()) compat::Profiler::require_available();
     check_output(cfg, program, topo.rank, out_lock);

@@ -39,4 +39,18 @@ void check_mesh_batch(const Mesh& mesh, int64_t batch_size, int microbatches) {
   }
 }
 
+void check_mesh_zero(const Mesh& mesh, int zero, const std::string& program) {
+  if (zero == 0 || mesh.dp >= 2) return;
+  if (program == "pp_train") {
+    throw cli::UsageError(
+        "pp_train --zero 1 shards each stage's optimizer state over its data-parallel replicas, "
+        "but --dp is " +
+        std::to_string(mesh.dp) +
+        " -- fix: pass --dp 2 or more (mpirun -np D*P pp_train --dp D), or drop --zero 1");
+  }
+  throw cli::UsageError(program +
+                        " --zero 1 shards the optimizer state over the data-parallel ranks, but "
+                        "runs on 1 rank -- fix: start 2 or more (mpirun -np N), or drop --zero 1");
+}
+
 }  // namespace gpt2p::parallel

@@ -229,12 +229,6 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
               "use mpirun -np N dp_train for data parallelism");
   const int world = topo.size;
   const int rank = topo.rank;
-  if (cfg.zero == 1 && world == 1) {
-    throw cli::UsageError(std::string(name) +
-                          " --zero 1 shards the optimizer state over the "
-                          "data-parallel ranks, but runs on 1 rank -- fix: start 2 or more "
-                          "(mpirun -np N), or drop --zero 1");
-  }
   GPT2P_CHECK(
       cfg.batch_size % world == 0,
       "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",

@@ -48,15 +48,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   const auto& cfg = ctx.cfg;
   // This rank's pipeline: n ranks, of which it is `rank` (the world with --dp 1; mesh.h).
   const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
-  const int m = cfg.mode == PipelineMode::kModelParallel ? 1 : cfg.microbatches;
-  if (cfg.zero == 1 && ctx.mesh.dp < 2) {
-    throw cli::UsageError(
-        "pp_train --zero 1 shards each stage's optimizer state over its "
-        "data-parallel replicas, but --dp is " +
-        std::to_string(ctx.mesh.dp) +
-        " -- fix: pass --dp 2 or more (mpirun -np D*P pp_train --dp D), or drop "
-        "--zero 1");
-  }
+  const int m = cfg.microbatches;     // resolved: 1 for model parallelism
   const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
   GPT2P_CHECK(v == 1 || n >= 2,

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace gpt2p::parallel {
 
@@ -31,5 +32,9 @@ Mesh make_mesh(int world, int rank, int dp);
 // Throws cli::UsageError unless the global batch splits into D equal replica batches of
 // `microbatches` equal micro-batches each.
 void check_mesh_batch(const Mesh& mesh, int64_t batch_size, int microbatches);
+
+// Throws cli::UsageError when ZeRO stage `zero` has nothing to shard over: fewer than 2
+// data-parallel ranks (D). `program`: "dp_train", "gpt2_train" or "pp_train", for the message.
+void check_mesh_zero(const Mesh& mesh, int zero, const std::string& program);
 
 }  // namespace gpt2p::parallel
