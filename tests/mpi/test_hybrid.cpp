@@ -144,12 +144,16 @@ void expect_hybrid_equals_one_rank(int dp, const Case& k) {
                               mesh.pp_rank, n, torch::kCPU);
   // What PipelineStep does: the replicas' sum started by each stage's last backward (small
   // buckets: several), finished after the schedule, then the tied weight's halves.
-  parallel::ReplicaGradSync replica_sum(models, *comms.replicas, 0.01);
+  std::vector<std::unique_ptr<parallel::ReplicaGradSync>> replica_sum;
+  for (auto& model : models) {
+    replica_sum.push_back(
+        std::make_unique<parallel::ReplicaGradSync>(model->parameters(), *comms.replicas, 0.01));
+  }
   for (size_t c = 0; c < stages.size(); ++c) {
-    stages[c]->set_last_backward_hook([&replica_sum, c] { replica_sum.arm(c); });
+    stages[c]->set_last_backward_hook([sum = replica_sum[c].get()] { sum->begin_backward(true); });
   }
   executor.run_step(0, 0.0);
-  replica_sum.finish();
+  for (auto& sum : replica_sum) sum->end_backward();
   parallel::sync_tied_gradient(models, *comms.pipe);
 
   // The loss: the last stage's, broadcast in the pipeline, summed over the replicas.

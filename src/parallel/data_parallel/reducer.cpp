@@ -4,6 +4,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/parallel/data_parallel/grad_norm.h"
+#include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
 #include "gpt2p/parallel/data_parallel/zero.h"
 
 namespace gpt2p::parallel {
@@ -29,6 +30,12 @@ class ReplicatedReducer final : public GradReducer {
     for (auto& p : params_) {
       if (p.grad().defined()) p.mutable_grad().mul_(coef);
     }
+  }
+  torch::Tensor tied_grad(const torch::Tensor& tied) override {
+    GPT2P_CHECK(tied.defined() && tied.grad().defined(),
+                "a stage holding an end of the model has no gradient for the tied wte weight",
+                "this is a bug: run the step's backward before summing the tied gradient");
+    return tied.grad();
   }
 
   void step() override { optimizer_->step(); }
@@ -57,18 +64,22 @@ class ReplicatedReducer final : public GradReducer {
 // zero-1: ShardedAdamW (zero.h) behind the reducer's calls.
 class ShardedReducer final : public GradReducer {
  public:
-  ShardedReducer(std::unique_ptr<ShardedAdamW> zero, comm::Communicator& group)
-      : zero_(std::move(zero)), group_(group) {}
+  ShardedReducer(std::unique_ptr<ShardedAdamW> zero, comm::Communicator& group, bool overlap)
+      : zero_(std::move(zero)), group_(group), overlap_(overlap) {}
 
   std::string name() const override { return "zero-1"; }
   void begin_backward(bool sync) override { zero_->begin_backward(sync); }
-  void finish_grad_sync() override { zero_->end_backward(); }
+  void finish_grad_sync() override { overlap_ ? zero_->end_backward() : zero_->reduce_now(); }
   GradSync::EmbeddingGradSink embedding_sink() override { return zero_->embedding_sink(); }
 
   torch::Tensor clip_grad_norm(double max_norm, double inv_scale) override {
     return clip_sharded_grad_norm({zero_.get()}, {}, {&group_}, max_norm, inv_scale);
   }
   void scale_grads(const torch::Tensor& coef) override { zero_->scale_grads(coef); }
+  torch::Tensor tied_grad(const torch::Tensor& /*tied: the alone bucket's*/) override {
+    return zero_->alone_shard_grad();
+  }
+  ShardedAdamW& shards() { return *zero_; }
 
   void step() override { zero_->step(); }
   void zero_grad() override {
@@ -88,6 +99,7 @@ class ShardedReducer final : public GradReducer {
  private:
   std::unique_ptr<ShardedAdamW> zero_;
   comm::Communicator& group_;
+  const bool overlap_;
 };
 
 }  // namespace
@@ -104,8 +116,17 @@ std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
     case ReducerKind::kNone:
       return std::make_unique<ReplicatedReducer>(std::move(params), make_no_sync(),
                                                  std::move(optimizer));
-    case ReducerKind::kPerParam:
-    case ReducerKind::kBucketed: {
+    case ReducerKind::kBucketed:
+      if (options.op == comm::ReduceOp::kSum) {
+        GPT2P_CHECK(!options.sparse_tied.defined(),
+                    "make_reducer: the replicas' sum reduces the tied weight densely",
+                    "this is a bug: pass no sparse_tied with kSum");
+        auto sum = std::make_unique<ReplicaGradSync>(params, *options.group, options.bucket_mb);
+        return std::make_unique<ReplicatedReducer>(std::move(params), std::move(sum),
+                                                   std::move(optimizer));
+      }
+      [[fallthrough]];
+    case ReducerKind::kPerParam: {
       const auto mode = options.kind == ReducerKind::kPerParam ? GradSyncMode::kPerParam
                                                                : GradSyncMode::kBucketed;
       auto sync = make_grad_sync(mode, options.group, params, options.bucket_mb, options.dtype,
@@ -118,15 +139,55 @@ std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
       zo.adam = options.adam;
       zo.buckets.bucket_mb = options.bucket_mb;
       zo.buckets.dtype = options.dtype;
+      zo.buckets.alone = options.alone;
+      zo.op = options.op;
+      zo.overlap = options.overlap;
       zo.sparse_tied = options.sparse_tied;
       auto zero = std::make_unique<ShardedAdamW>(std::move(params), *options.group, zo);
       // The whole state (a checkpoint's, or none) is sharded; the whole copy is dropped.
       zero->load_state(*optimizer);
-      return std::make_unique<ShardedReducer>(std::move(zero), *options.group);
+      return std::make_unique<ShardedReducer>(std::move(zero), *options.group, options.overlap);
     }
   }
   GPT2P_CHECK(false, "make_reducer: unknown kind", "this is a bug");
   return nullptr;
+}
+
+void sum_tied_gradient(const std::vector<GradReducer*>& parts,
+                       const std::vector<model::GPT2>& stages, comm::Communicator& pipeline) {
+  if (pipeline.size() == 1) return;
+  std::vector<torch::Tensor> tied(stages.size());
+  for (size_t c = 0; c < stages.size(); ++c) {
+    const auto& m = stages[c];
+    if ((m->has_embedding() || m->has_head()) && !m->is_full()) {
+      tied[c] = parts.at(c)->tied_grad(m->tied_parameter());
+    }
+  }
+  // Zero-1's first and last stage shard the tied weight alike (a bucket of its own), so the sum
+  // runs shard to shard; a + b == b + a keeps both copies identical either way.
+  sync_tied_gradient(stages, pipeline, tied);
+}
+
+double clip_pipeline_grad_norm(const std::vector<GradReducer*>& parts,
+                               const std::vector<model::GPT2>& stages, comm::Communicator& pipeline,
+                               comm::Communicator& control, double max_norm, double inv_scale) {
+  std::vector<ShardedAdamW*> shards;
+  for (auto* part : parts) {
+    if (auto* sharded = dynamic_cast<ShardedReducer*>(part)) shards.push_back(&sharded->shards());
+  }
+  GPT2P_CHECK(shards.empty() || shards.size() == parts.size(),
+              "a pipeline rank's stages are reduced by different kinds",
+              "this is a bug: give every stage the same reducer kind");
+  // Replicated: one norm over every stage's .grad, summed over the pipeline's ranks (the
+  // replicas hold the same sums).
+  if (shards.empty()) return clip_grad_norm_pipeline(stages, &pipeline, max_norm, inv_scale);
+  // Zero-1: each rank's shard norms, summed in one all-reduce over every rank, so each gets the
+  // same factor, the two copies of the tied weight included.
+  std::vector<torch::Tensor> uncounted;  // the head's copy of the tied weight
+  for (const auto& m : stages) {
+    uncounted.push_back(m->has_embedding() ? torch::Tensor() : m->tied_parameter());
+  }
+  return clip_sharded_grad_norm(shards, uncounted, {&control}, max_norm, inv_scale).item<double>();
 }
 
 }  // namespace gpt2p::parallel

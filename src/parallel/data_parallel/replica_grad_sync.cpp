@@ -7,41 +7,38 @@
 
 namespace gpt2p::parallel {
 
-ReplicaGradSync::ReplicaGradSync(const std::vector<model::GPT2>& stages,
+ReplicaGradSync::ReplicaGradSync(const std::vector<torch::Tensor>& params,
                                  comm::Communicator& replicas, double bucket_mb)
-    : replicas_(replicas), works_(stages.size()) {
-  for (size_t c = 0; c < stages.size(); ++c) {
-    BucketOptions o;
-    o.bucket_mb = bucket_mb;
-    o.dtype = torch::kFloat32;
-    buckets_.push_back(
-        std::make_unique<GradBuckets>(stages[c]->parameters(), o, [this, c](size_t b) {
-          works_[c][b] = replicas_.all_reduce_async(buckets_[c]->flat(b), comm::ReduceOp::kSum);
-        }));
-    works_[c].resize(buckets_.back()->buckets().size());
-  }
+    : replicas_(replicas) {
+  BucketOptions o;
+  o.bucket_mb = bucket_mb;
+  o.dtype = torch::kFloat32;
+  buckets_ = std::make_unique<GradBuckets>(params, o, [this](size_t b) {
+    works_[b] = replicas_.all_reduce_async(buckets_->flat(b), comm::ReduceOp::kSum);
+  });
+  works_.resize(buckets_->buckets().size());
 }
 
-void ReplicaGradSync::arm(size_t stage) { buckets_.at(stage)->arm(true); }
+void ReplicaGradSync::begin_backward(bool sync) {
+  if (sync) buckets_->arm(true);
+}
 
-void ReplicaGradSync::finish() {
-  for (size_t c = 0; c < buckets_.size(); ++c) {
-    auto& buckets = *buckets_[c];
-    // A stage whose last backward never came (no micro-batch reached it) is filled whole.
-    if (!buckets.armed()) buckets.arm(true);
-    buckets.finish_backward();
-    for (size_t b = 0; b < works_[c].size(); ++b) {
-      works_[c][b]->wait();
-      works_[c][b].reset();
-      for (size_t s : buckets.buckets()[b].slots) {
-        auto& param = buckets.slots()[s].param;
-        auto& g = param.mutable_grad();
-        const auto sum = buckets.view(buckets.flat(b), s);
-        if (g.defined()) {
-          g.copy_(sum);
-        } else {
-          g = sum.clone();
-        }
+void ReplicaGradSync::end_backward() {
+  auto& buckets = *buckets_;
+  // A stage whose last backward never came (no micro-batch reached it) is filled whole.
+  if (!buckets.armed()) buckets.arm(true);
+  buckets.finish_backward();
+  for (size_t b = 0; b < works_.size(); ++b) {
+    works_[b]->wait();
+    works_[b].reset();
+    for (size_t s : buckets.buckets()[b].slots) {
+      auto& param = buckets.slots()[s].param;
+      auto& g = param.mutable_grad();
+      const auto sum = buckets.view(buckets.flat(b), s);
+      if (g.defined()) {
+        g.copy_(sum);
+      } else {
+        g = sum.clone();
       }
     }
   }

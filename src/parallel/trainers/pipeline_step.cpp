@@ -75,17 +75,21 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
   return r;
 }
 
+std::vector<GradReducer*> reducer_parts(const std::vector<std::unique_ptr<GradReducer>>& r) {
+  std::vector<GradReducer*> parts;
+  for (const auto& p : r) parts.push_back(p.get());
+  return parts;
+}
+
 // One pipeline step: the executor runs this rank's part of the schedule over the batch's
 // micro-batches, the tied embedding's gradient is summed between the first and the last stage,
 // and every stage's optimizer steps. Each rank records its actions and the loss, which the last
-// stage computes. With --zero 1 each stage's `zero` shards replace the replicas' sum and the
-// optimizers (zero.h).
+// stage computes. Each stage's reducer (reducer.h) sums its gradients over the stage's replicas
+// and holds its optimizer, sharded or not.
 class PipelineStep final : public StepStrategy {
  public:
   PipelineStep(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
-               std::vector<model::GPT2>& models,
-               std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
-               std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
+               std::vector<model::GPT2>& models, std::vector<std::unique_ptr<GradReducer>> reducers,
                std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
                pipeline::Executor& executor, const std::vector<int>& my_stages,
                const pipeline::Partition& split, int microbatches, model::LossPositions positions,
@@ -95,9 +99,7 @@ class PipelineStep final : public StepStrategy {
         data_(data),
         recorder_(recorder),
         models_(models),
-        optimizers_(optimizers),
-        zero_(zero),
-        replica_sum_(replica_sum),
+        reducers_(std::move(reducers)),
         stages_(stages),
         executor_(executor),
         my_stages_(my_stages),
@@ -124,47 +126,35 @@ class PipelineStep final : public StepStrategy {
     rec.data = since(t0);
     const auto times = executor_.run_step(rec.step, rec.start + rec.data);
     clock_.mark(0);
-    if (zero_.empty()) {
-      // Each stage's gradient summed over its replicas (each replica's loss is its share of the
-      // global batch's mean; started by the stage's last backward), then the tied weight's two
-      // halves within each pipeline.
-      if (replica_sum_ != nullptr) replica_sum_->finish();
-      parallel::sync_tied_gradient(models_, *ctx_.comm);
-    } else {
-      // Each stage's shards over its replicas, then the tied weight's two halves within each
-      // pipeline, shard to shard: the first and the last stage shard it alike (bucketed alone), so
-      // a + b == b + a keeps their copies identical whatever order the reductions added in.
-      std::vector<torch::Tensor> tied;
-      for (size_t c = 0; c < zero_.size(); ++c) {
-        zero_[c]->reduce_now();
-        const bool ends = models_[c]->has_embedding() || models_[c]->has_head();
-        tied.push_back(ends && !models_[c]->is_full() ? zero_[c]->alone_shard_grad()
-                                                      : torch::Tensor());
-      }
-      parallel::sync_tied_gradient(models_, *ctx_.comm, tied);
-    }
+    // Each stage's gradients summed over its replicas (each replica's loss is its share of the
+    // global batch's mean; started by the stage's last backward), then the tied weight's two
+    // halves within each pipeline.
+    for (auto* r : parts_) r->finish_grad_sync();
+    sum_tied_gradient(parts_, models_, *ctx_.comm);
     clock_.mark(1);
     // The gradients are unscaled while clipped; with loss scaling every rank agrees to skip a step
     // whose gradients overflowed anywhere.
     bool apply = true;
     if (cfg_.grad_clip > 0 || scaler_.enabled()) {
-      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) poison();
-      const double norm = clip_norm(1 / scale);
+      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) {
+        // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+        const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
+        for (auto* r : parts_) r->scale_grads(nan);
+      }
+      // Clipped (at --grad-clip; 0: not) and unscaled over every stage of every rank.
+      const double norm = clip_pipeline_grad_norm(parts_, models_, *ctx_.comm, *ctx_.control,
+                                                  cfg_.grad_clip, 1 / scale);
       if (scaler_.enabled()) {
         apply = scaler_.update(std::isfinite(norm), ctx_.control.get(), rec.step);
       }
     }
-    if (apply && zero_.empty()) {
-      for (size_t c = 0; c < models_.size(); ++c) optimizers_[c]->step();
-    } else if (apply) {
-      for (auto& z : zero_) z->step();
-      for (auto& z : zero_) z->wait_params();
+    if (apply) {
+      for (auto* r : parts_) r->step();
+      for (auto* r : parts_) r->wait_params();
     }
     rec.loss_scale = scale;
     rec.skipped = apply ? 0 : 1;
-    for (auto& model : models_) {
-      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-    }
+    for (auto* r : parts_) r->zero_grad();
     clock_.mark(2);
     // The optimizer's action ends now, on the run's clock (rec.start counts from its start).
     const double opt_end = rec.start + since(t0);
@@ -204,14 +194,11 @@ class PipelineStep final : public StepStrategy {
 
   void save(const std::string& dir, const model::TrainState& state) override {
     std::vector<StagePart> parts;
-    std::vector<std::unique_ptr<compat::FusedAdamW>> gathered;  // --zero 1: unsharded states
+    // --zero 1: the unsharded states, gathered stage by stage (collective over the replicas).
+    std::vector<std::unique_ptr<compat::FusedAdamW>> gathered(models_.size());
     for (size_t c = 0; c < models_.size(); ++c) {
-      const torch::optim::Optimizer* optimizer = optimizers_[c].get();
-      if (!zero_.empty()) {
-        gathered.push_back(zero_[c]->full_state());
-        optimizer = gathered.back().get();
-      }
-      parts.push_back({my_stages_[c], models_[c].get(), optimizer});
+      parts.push_back(
+          {my_stages_[c], models_[c].get(), &reducers_[c]->checkpoint_state(gathered[c])});
     }
     save_stage_checkpoints(ctx_, dir, parts, static_cast<int>(split_.size()), state);
   }
@@ -237,46 +224,13 @@ class PipelineStep final : public StepStrategy {
   }
 
  private:
-  // Clips (at --grad-clip; 0: not) and unscales the gradients of every stage of every rank;
-  // returns their true global norm (the host waits for it).
-  double clip_norm(double inv_scale) {
-    if (zero_.empty()) {
-      return parallel::clip_grad_norm_pipeline(models_, ctx_.comm.get(), cfg_.grad_clip, inv_scale);
-    }
-    std::vector<ShardedAdamW*> shards;
-    std::vector<torch::Tensor> uncounted;  // the head's copy of the tied weight
-    for (size_t c = 0; c < models_.size(); ++c) {
-      shards.push_back(zero_[c].get());
-      uncounted.push_back(models_[c]->has_embedding() ? torch::Tensor()
-                                                      : models_[c]->tied_parameter());
-    }
-    // One all-reduce over every rank: each gets the same factor, the two copies of the tied
-    // weight included.
-    return clip_sharded_grad_norm(shards, uncounted, {ctx_.control.get()}, cfg_.grad_clip,
-                                  inv_scale)
-        .item<double>();
-  }
-
-  // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
-  void poison() {
-    const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
-    for (auto& z : zero_) z->scale_grads(nan);
-    if (!zero_.empty()) return;
-    for (auto& model : models_) {
-      for (auto& p : model->parameters()) {
-        if (p.grad().defined()) p.mutable_grad().mul_(nan);
-      }
-    }
-  }
-
   const RunContext& ctx_;
   const parallel::TrainConfig& cfg_;
   TrainData& data_;
   io::RunRecorder& recorder_;
   std::vector<model::GPT2>& models_;
-  std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers_;
-  std::vector<std::unique_ptr<ShardedAdamW>>& zero_;
-  ReplicaGradSync* replica_sum_;  // null with one replica or with ZeRO
+  std::vector<std::unique_ptr<GradReducer>> reducers_;  // per stage
+  std::vector<GradReducer*> parts_ = reducer_parts(reducers_);
   std::vector<std::unique_ptr<pipeline::GptStage>>& stages_;
   pipeline::Executor& executor_;
   const std::vector<int>& my_stages_;
@@ -291,13 +245,12 @@ class PipelineStep final : public StepStrategy {
 
 std::unique_ptr<StepStrategy> make_pipeline_step(
     const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
-    std::vector<model::GPT2>& models, std::vector<std::unique_ptr<compat::FusedAdamW>>& optimizers,
-    std::vector<std::unique_ptr<ShardedAdamW>>& zero, ReplicaGradSync* replica_sum,
+    std::vector<model::GPT2>& models, std::vector<std::unique_ptr<GradReducer>> reducers,
     std::vector<std::unique_ptr<pipeline::GptStage>>& stages, pipeline::Executor& executor,
     const std::vector<int>& my_stages, const pipeline::Partition& split, int microbatches,
     model::LossPositions positions, LossScaler& scaler) {
-  return std::make_unique<PipelineStep>(ctx, data, recorder, models, optimizers, zero, replica_sum,
-                                        stages, executor, my_stages, split, microbatches, positions,
+  return std::make_unique<PipelineStep>(ctx, data, recorder, models, std::move(reducers), stages,
+                                        executor, my_stages, split, microbatches, positions,
                                         scaler);
 }
 

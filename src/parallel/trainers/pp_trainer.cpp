@@ -16,8 +16,8 @@
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
+#include "gpt2p/parallel/data_parallel/reducer.h"
 #include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
-#include "gpt2p/parallel/data_parallel/zero.h"
 #include "gpt2p/parallel/train/checkpoint_commit.h"
 #include "gpt2p/parallel/train/common.h"
 #include "gpt2p/parallel/train/context.h"
@@ -133,21 +133,23 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     data.set_position({state.epoch, state.batch_in_epoch});
   }
 
-  // --zero 1: each stage's AdamW state sharded over its replicas; a resumed state is sharded and
-  // the whole copy dropped.
-  std::vector<std::unique_ptr<ShardedAdamW>> zero;
-  if (cfg.zero == 1) {
-    for (size_t c = 0; c < models.size(); ++c) {
-      ZeroOptions zo;
-      zo.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
-      zo.buckets.bucket_mb = cfg.bucket_mb;
-      zo.op = comm::ReduceOp::kSum;
-      zo.overlap = false;
-      zo.buckets.alone = models[c]->tied_parameter();
-      zero.push_back(std::make_unique<ShardedAdamW>(models[c]->parameters(), *ctx.dp_comm, zo));
-      if (!cfg.resume.empty()) zero.back()->load_state(*optimizers[c]);
-      optimizers[c]->state().clear();
-    }
+  // Each stage's reducer over its replicas (one with --dp 1): the replicas' sum, or with --zero 1
+  // the stage's AdamW state sharded over them (a resumed state is sharded, the whole copy
+  // dropped; the tied weight gets a bucket of its own, so the first and the last stage shard it
+  // alike).
+  std::vector<std::unique_ptr<GradReducer>> reducers;
+  for (size_t c = 0; c < models.size(); ++c) {
+    ReducerOptions ro;
+    ro.kind = !ctx.dp_comm    ? ReducerKind::kNone
+              : cfg.zero == 1 ? ReducerKind::kSharded
+                              : ReducerKind::kBucketed;
+    ro.group = ctx.dp_comm.get();
+    ro.op = comm::ReduceOp::kSum;
+    ro.overlap = false;
+    ro.bucket_mb = cfg.bucket_mb;
+    ro.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
+    if (ro.kind == ReducerKind::kSharded) ro.alone = models[c]->tied_parameter();
+    reducers.push_back(make_reducer(models[c]->parameters(), std::move(optimizers[c]), ro));
   }
 
   std::vector<std::unique_ptr<pipeline::GptStage>> stages;
@@ -157,14 +159,9 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
         std::make_unique<pipeline::GptStage>(model, m, ctx.autocast, positions, cfg.zero_bubble));
     stage_ptrs.push_back(stages.back().get());
   }
-  // The replicas' sum, each stage's started by its last backward (without ZeRO, whose
-  // reduce-scatter follows the tied weight's exchange instead).
-  std::unique_ptr<ReplicaGradSync> replica_sum;
-  if (ctx.dp_comm && zero.empty()) {
-    replica_sum = std::make_unique<ReplicaGradSync>(models, *ctx.dp_comm, cfg.bucket_mb);
-    for (size_t c = 0; c < stages.size(); ++c) {
-      stages[c]->set_last_backward_hook([sum = replica_sum.get(), c] { sum->arm(c); });
-    }
+  // The replicas' sum of each stage starts with its last backward (a no-op for the other kinds).
+  for (size_t c = 0; c < stages.size(); ++c) {
+    stages[c]->set_last_backward_hook([r = reducers[c].get()] { r->begin_backward(true); });
   }
   pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
                                     ctx.grad_wrap_comm.get());
@@ -230,18 +227,17 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   }
 
   recorder.set_attribute("zero", cfg.zero);
-  if (topo.rank == 0 && !zero.empty()) {
+  if (topo.rank == 0 && cfg.zero == 1) {
     std::printf(
         "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
         "(%.1f MiB unsharded)\n",
-        static_cast<double>(zero.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
-        static_cast<double>(zero.front()->unsharded_state_bytes()) / (1 << 20));
+        static_cast<double>(reducers.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
+        static_cast<double>(reducers.front()->unsharded_state_bytes()) / (1 << 20));
     std::fflush(stdout);
   }
   LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
-  const auto strategy =
-      make_pipeline_step(ctx, data, recorder, models, optimizers, zero, replica_sum.get(), stages,
-                         executor, my_stages, split, m, positions, scaler);
+  const auto strategy = make_pipeline_step(ctx, data, recorder, models, std::move(reducers), stages,
+                                           executor, my_stages, split, m, positions, scaler);
   return run_training(ctx, data, recorder, state,
                       {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp), &scaler},
                       *strategy);

@@ -21,6 +21,7 @@
 
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/compat/adamw.h"
+#include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/data_parallel/grad_sync.h"
 
 namespace gpt2p::parallel {
@@ -30,6 +31,17 @@ enum class ReducerKind { kNone, kPerParam, kBucketed, kSharded };
 struct ReducerOptions {
   ReducerKind kind = ReducerKind::kBucketed;
   comm::Communicator* group = nullptr;  // the part's data-parallel ranks (kNone: unused)
+  // kAvg: data parallelism (each rank's loss is the mean of its share); kSum: a pipeline stage's
+  // replicas, whose losses are already their share of the global batch's mean. Bucketed with
+  // kSum is the replicas' sum of replica_grad_sync.h (float32, armed by the stage's last
+  // backward, what no hook saw added after the schedule).
+  comm::ReduceOp op = comm::ReduceOp::kAvg;
+  // zero-1: reduce-scatter during backward (hooks); false: all of it after the schedule
+  // (pipelines, whose schedule accumulates over micro-batches).
+  bool overlap = true;
+  // zero-1: the parameter that gets a bucket of its own (a pipeline's tied weight, so the first
+  // and the last stage shard it alike), or undefined.
+  torch::Tensor alone;
   double bucket_mb = 25;
   torch::ScalarType dtype = torch::kFloat32;  // the dtype gradients travel in
   torch::optim::AdamWOptions adam{1e-3};      // zero-1: its shards' AdamW (as `optimizer`'s)
@@ -58,6 +70,10 @@ class GradReducer {
   virtual torch::Tensor clip_grad_norm(double max_norm, double inv_scale) = 0;
   // Multiplies the gradients the optimizer reads by `coef` (fault injection: NaN).
   virtual void scale_grads(const torch::Tensor& coef) = 0;
+  // After finish_grad_sync: the reduced gradient of the part's parameter `tied` as the optimizer
+  // will read it -- its .grad, or this rank's shard of it (zero-1, with `tied` as `alone`) --
+  // for the tied weight's exchange between a pipeline's first and last stage.
+  virtual torch::Tensor tied_grad(const torch::Tensor& tied) = 0;
 
   // The optimizer step (zero-1: this rank's shards, then the parameters' all-gathers start).
   virtual void step() = 0;
@@ -84,5 +100,18 @@ class GradReducer {
 std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
                                           std::unique_ptr<compat::FusedAdamW> optimizer,
                                           const ReducerOptions& options);
+
+// A pipeline rank's step, between the schedule and the optimizer: `parts[c]` reduces `stages[c]`
+// over its replicas (all of one kind). sum_tied_gradient: the tied weight's two halves, on the
+// first and the last stage of `pipeline`, both end up with their sum (as the optimizer reads them:
+// .grad or zero-1's shards); a no-op on a pipeline of one rank. clip_pipeline_grad_norm: the norm
+// over every stage of every rank (the head's copy of the tied weight left out), the gradients
+// clipped and unscaled as GradReducer::clip_grad_norm; `control` (every rank of the job) carries
+// zero-1's sum of shard norms. Returns the norm (the host waits for it). Every rank calls both.
+void sum_tied_gradient(const std::vector<GradReducer*>& parts,
+                       const std::vector<model::GPT2>& stages, comm::Communicator& pipeline);
+double clip_pipeline_grad_norm(const std::vector<GradReducer*>& parts,
+                               const std::vector<model::GPT2>& stages, comm::Communicator& pipeline,
+                               comm::Communicator& control, double max_norm, double inv_scale);
 
 }  // namespace gpt2p::parallel

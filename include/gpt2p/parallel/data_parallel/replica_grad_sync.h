@@ -9,29 +9,33 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/data_parallel/grad_buckets.h"
+#include "gpt2p/parallel/data_parallel/grad_sync.h"
 
 namespace gpt2p::parallel {
 
-// With --dp D: every gradient of this rank's stages summed over `replicas` (the D ranks holding
-// these stages, one per replica), overlapped with the pipeline's last backwards: one set of
-// gradient buckets of about bucket_mb MiB per stage (grad_buckets.h), armed right before that
-// stage's last backward of the step (GptStage::set_last_backward_hook), so each bucket is
-// all-reduced as soon as that backward has produced its gradients. finish() after the schedule
-// adds what no hook saw -- zero bubble's deferred weight gradients, which its W's add to .grad
-// directly, often after the last backward -- waits, and leaves every sum in .grad; all replicas
-// then hold the same bits. Every rank of `replicas` builds it over the same stages. The buckets
-// are a second copy of the stages' gradients (4 bytes per parameter).
-class ReplicaGradSync {
+// With --dp D: every gradient of one of this rank's stages summed over `replicas` (the D ranks
+// holding this stage, one per replica), overlapped with the pipeline's last backwards: gradient
+// buckets of about bucket_mb MiB (grad_buckets.h), armed right before the stage's last backward
+// of the step (begin_backward(true) from GptStage::set_last_backward_hook), so each bucket is
+// all-reduced as soon as that backward has produced its gradients. end_backward() after the
+// schedule adds what no hook saw -- zero bubble's deferred weight gradients, which its W's add to
+// .grad directly, often after the last backward; a stage no micro-batch reached is filled whole
+// -- waits, and leaves every sum in .grad; all replicas then hold the same bits. Every rank of
+// `replicas` builds it over the same stage. The buckets are a second copy of the stage's
+// gradients (4 bytes per parameter).
+class ReplicaGradSync final : public GradSync {
  public:
-  ReplicaGradSync(const std::vector<model::GPT2>& stages, comm::Communicator& replicas,
+  ReplicaGradSync(const std::vector<torch::Tensor>& params, comm::Communicator& replicas,
                   double bucket_mb);
-  void arm(size_t stage);
-  void finish();
+  void begin_backward(bool sync) override;
+  void end_backward() override;
+  SyncTimes finish_step() override { return {}; }  // timed as the step's exposed sync
+  std::string name() const override { return "bucketed (sum over replicas)"; }
 
  private:
   comm::Communicator& replicas_;
-  std::vector<std::vector<comm::WorkPtr>> works_;      // per stage, per bucket
-  std::vector<std::unique_ptr<GradBuckets>> buckets_;  // per stage; last: hooks use works_
+  std::vector<comm::WorkPtr> works_;      // per bucket
+  std::unique_ptr<GradBuckets> buckets_;  // last: its hooks use works_
 };
 
 // After backward on every rank: the first and the last stage each hold one part of the tied wte
