@@ -69,12 +69,12 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
   const auto timeout = ctx.checkpoint_timeout();
   state.rng_state = compat::rng_state(ctx.device);
   // With --dp D, replica 0 writes each stage, with the generator states of that stage's D ranks.
-  const bool writer = ctx.mesh.dp_rank == 0;
-  if (ctx.mesh.dp > 1) {
+  const bool writer = ctx.mesh.dp_rank() == 0;
+  if (ctx.mesh.dp() > 1) {
     const auto all = gather_bytes(*ctx.control, state.rng_state);
     state.rank_rng_states.clear();
-    for (int d = 0; d < ctx.mesh.dp; ++d) {
-      const int r = ctx.mesh.world_rank(d, ctx.mesh.pp_rank);
+    for (int d = 0; d < ctx.mesh.dp(); ++d) {
+      const int r = ctx.mesh.world_rank_along(MeshDim::kDp, d);
       state.rank_rng_states.push_back(all[static_cast<size_t>(r)]);
     }
   }
@@ -107,7 +107,7 @@ void save_stage_checkpoints(const RunContext& ctx, const std::string& root,
                                                      {"epoch", state.epoch},
                                                      {"batch_in_epoch", state.batch_in_epoch},
                                                      {"stages", n_stages},
-                                                     {"dp", ctx.mesh.dp}});
+                                                     {"dp", ctx.mesh.dp()}});
           replace_dir(staging, root);
         },
         timeout);

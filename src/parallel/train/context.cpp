@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
 #include "gpt2p/model/hf_checkpoint.h"
+#include "gpt2p/pipeline/plan/schedule.h"
 
 namespace gpt2p::parallel {
 
@@ -112,15 +114,13 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
 RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program,
                             const Topology& topo) {
   std::optional<data::BpeTokenizer> tokenizer;
-  Mesh mesh{topo.size, 1, topo.rank, 0};  // dp_train, gpt2_train: every rank a replica
+  Mesh mesh;
   std::unique_ptr<DirLock> out_lock;
   cli::on_every_rank([&] {
     parallel::resolve_train_config(cfg, program, compat::cuda_available());
-    if (program == parallel::Program::kPipeline) {
-      mesh = make_mesh(topo.size, topo.rank, cfg.dp);
-      check_mesh_batch(mesh, cfg.batch_size, cfg.microbatches);  // resolved: 1 for model parallel
-    }
-    check_mesh_zero(mesh, cfg.zero, program_name(program));
+    // cfg.microbatches is resolved: 1 for model parallelism.
+    mesh = make_job_mesh(program_name(program), topo.size, topo.rank, cfg.dp, cfg.batch_size,
+                         cfg.microbatches, cfg.zero);
     compat::set_attention_backend(cfg.attention);
     if (!cfg.profile.empty()) compat::Profiler::require_available();
     check_output(cfg, program, topo.rank, out_lock);
@@ -134,11 +134,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
                  topo,
                  mesh,
                  torch::Device(torch::kCPU),
-                 nullptr,
-                 nullptr,
-                 nullptr,
-                 nullptr,
-                 nullptr,
+                 {},
                  nullptr,
                  std::move(*tokenizer),
                  special,
@@ -189,29 +185,21 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
         static_cast<int>(std::max(1U, cores / static_cast<unsigned>(topo.local_size))));
   }
   compat::set_strict_fp32(ctx.cfg.precision == model::Precision::kFp32);
-  // A pipeline's communicators span its replica's ranks; with --dp > 1 each stage's replicas
-  // get one more (mesh.h). MPI_Comm_split orders each group's ranks by the key.
-  // (Every rank is here: the placement's timed agreement has just passed.)
-  const bool hybrid = program == parallel::Program::kPipeline && mesh.dp > 1;
-  MPI_Comm pipeline_group = MPI_COMM_WORLD, replica_group = MPI_COMM_NULL;
-  if (hybrid) {
-    GPT2P_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, mesh.dp_rank, mesh.pp_rank, &pipeline_group));
-    GPT2P_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, mesh.pp_rank, mesh.dp_rank, &replica_group));
-  }
-  ctx.comm = comm::make_communicator(copts, pipeline_group);
+  // The mesh's communicators (mesh_comms.h); every rank is here: the placement's timed
+  // agreement has just passed.
+  std::array<int, kMeshDims> channels{};
   if (program == parallel::Program::kPipeline) {
-    ctx.grad_comm = comm::make_communicator(copts, pipeline_group);
+    // Activations and gradients on streams of their own, so that they never queue behind each
+    // other (pipeline/runtime/executor.h); with several stages per rank, two more for the
+    // transfers that wrap from the last rank to the first and back.
+    channels[static_cast<int>(MeshDim::kPp)] =
+        ctx.cfg.stages_per_rank > 1 ? pipeline::kNumChannels : 2;
+    // The replicas of this rank's stages, over which their gradients are reduced.
+    channels[static_cast<int>(MeshDim::kDp)] = mesh.dp() > 1 ? 1 : 0;
+  } else {
+    channels[static_cast<int>(MeshDim::kDp)] = 1;
   }
-  if (program == parallel::Program::kPipeline && ctx.cfg.stages_per_rank > 1) {
-    ctx.act_wrap_comm = comm::make_communicator(copts, pipeline_group);
-    ctx.grad_wrap_comm = comm::make_communicator(copts, pipeline_group);
-  }
-  if (hybrid) {
-    ctx.dp_comm = comm::make_communicator(copts, replica_group);
-    // The communicators hold duplicates of the groups.
-    GPT2P_MPI_CHECK(MPI_Comm_free(&pipeline_group));
-    GPT2P_MPI_CHECK(MPI_Comm_free(&replica_group));
-  }
+  ctx.comms = MeshComms::make(mesh, copts, channels);
   // Host-side control (stop requests, checkpoint commits): MPI on the CPU, whatever the device.
   comm::CommOptions control;
   control.timeout = timeout;
@@ -324,7 +312,7 @@ io::RunIdentity run_identity(const RunContext& ctx, const char* program) {
   auto j = parallel::to_json(ctx.cfg);
   j["model"] = model::to_json(ctx.model_config);
   j["world_size"] = ctx.topo.size;
-  j["comm_backend"] = ctx.comm ? ctx.comm->backend_name() : "none";
+  j["comm_backend"] = ctx.step_comm().backend_name();
   j["comm_description"] = ctx.comm_description;
   id.config_json = j.dump();
   id.host = ctx.topo.host;

@@ -130,8 +130,9 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
 
 int run_training(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
                  const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy) {
-  return run_training(LoopContext{ctx.cfg, ctx.device, *ctx.comm, *ctx.control, ctx.peak_flops},
-                      data, recorder, state, setup, strategy);
+  return run_training(
+      LoopContext{ctx.cfg, ctx.device, ctx.step_comm(), *ctx.control, ctx.peak_flops}, data,
+      recorder, state, setup, strategy);
 }
 
 }  // namespace gpt2p::parallel

@@ -138,7 +138,7 @@ class DataParallelStep final : public StepStrategy {
     // Averaged gradients keep the replicas bitwise equal; a difference is a sync bug, caught here
     // rather than as a quietly worse model.
     if (world_ > 1) {
-      check_replicas(model_, *ctx_.comm, "at the end of epoch " + std::to_string(epoch + 1),
+      check_replicas(model_, ctx_.step_comm(), "at the end of epoch " + std::to_string(epoch + 1),
                      "the data-parallel replicas diverged: rerun with --grad-sync per-param or "
                      "--embedding-sync dense and report the run");
     }
@@ -149,7 +149,7 @@ class DataParallelStep final : public StepStrategy {
     };
     const auto val = validation_loss(
         logits_fn, data_.dataset().split("validation"), cfg_.max_eval_pairs, micro_, cfg_.seq_len,
-        data_.special(), vocab, ctx_.device, world_ > 1 ? ctx_.comm.get() : nullptr, stop);
+        data_.special(), vocab, ctx_.device, world_ > 1 ? &ctx_.step_comm() : nullptr, stop);
     EpochEval out{val.loss, val.perplexity, std::nan(""), val.stopped};
     if (val.stopped) return out;
     const int rank = ctx_.topo.rank;
@@ -224,15 +224,9 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, program, topo);
   const auto& cfg = ctx.cfg;
-  GPT2P_CHECK(program != parallel::Program::kSingle || topo.size == 1,
-              "gpt2_train is the single-rank trainer but runs on " << topo.size << " ranks",
-              "use mpirun -np N dp_train for data parallelism");
   const int world = topo.size;
   const int rank = topo.rank;
-  GPT2P_CHECK(
-      cfg.batch_size % world == 0,
-      "--batch-size " << cfg.batch_size << " (global) does not divide over " << world << " ranks",
-      "pass a global batch that is a multiple of the number of ranks");
+  // make_run_context checked the mesh: one rank for gpt2_train, the batch divides over them.
 
   std::optional<TrainData> opened;
   open_train_data(ctx, rank, world, opened);
@@ -253,7 +247,7 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   model->to(ctx.device);
   model->set_kernels(ctx.kernels);
   model->set_recompute(cfg.recompute);
-  if (world > 1) broadcast_parameters(model, *ctx.comm);
+  if (world > 1) broadcast_parameters(model, ctx.step_comm());
   auto params = model->parameters();
   const auto adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
   auto optimizer = std::make_unique<compat::FusedAdamW>(params, adam);
@@ -277,7 +271,7 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
             : world == 1                               ? ReducerKind::kNone
             : cfg.grad_sync == GradSyncMode::kPerParam ? ReducerKind::kPerParam
                                                        : ReducerKind::kBucketed;
-  ro.group = ctx.comm.get();
+  ro.group = ctx.comms.along(MeshDim::kDp);
   ro.bucket_mb = cfg.bucket_mb;
   ro.dtype = cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
   ro.adam = adam;

@@ -114,7 +114,7 @@ class PipelineStep final : public StepStrategy {
   }
 
   double step(io::StepRecord& rec, bool /*more*/) override {
-    const int n = ctx_.mesh.pp, rank = ctx_.mesh.pp_rank;
+    const int n = ctx_.mesh.pp(), rank = ctx_.mesh.pp_rank();
     const auto t0 = Clock::now();
     auto batch = data_.next();
     auto dev = to_device(batch.batch, ctx_.device);
@@ -130,7 +130,7 @@ class PipelineStep final : public StepStrategy {
     // global batch's mean; started by the stage's last backward), then the tied weight's two
     // halves within each pipeline.
     for (auto* r : parts_) r->finish_grad_sync();
-    sum_tied_gradient(parts_, models_, *ctx_.comm);
+    sum_tied_gradient(parts_, models_, *pipe());
     clock_.mark(1);
     // The gradients are unscaled while clipped; with loss scaling every rank agrees to skip a step
     // whose gradients overflowed anywhere.
@@ -142,7 +142,7 @@ class PipelineStep final : public StepStrategy {
         for (auto* r : parts_) r->scale_grads(nan);
       }
       // Clipped (at --grad-clip; 0: not) and unscaled over every stage of every rank.
-      const double norm = clip_pipeline_grad_norm(parts_, models_, *ctx_.comm, *ctx_.control,
+      const double norm = clip_pipeline_grad_norm(parts_, models_, *pipe(), *ctx_.control,
                                                   cfg_.grad_clip, 1 / scale);
       if (scaler_.enabled()) {
         apply = scaler_.update(std::isfinite(norm), ctx_.control.get(), rec.step);
@@ -171,8 +171,8 @@ class PipelineStep final : public StepStrategy {
     for (auto& stage : stages_) loss_sum += stage->take_loss();
     auto loss =
         torch::tensor({loss_sum}, torch::TensorOptions().dtype(torch::kFloat64)).to(ctx_.device);
-    if (n > 1) ctx_.comm->broadcast(loss, n - 1);
-    if (ctx_.dp_comm) ctx_.dp_comm->all_reduce(loss, comm::ReduceOp::kSum);
+    if (n > 1) pipe()->broadcast(loss, n - 1);
+    if (replicas() != nullptr) replicas()->all_reduce(loss, comm::ReduceOp::kSum);
     rec.loss = loss.item<double>();
     rec.padded_tokens = batch.batch.padded_tokens;
     rec.target_tokens = batch.batch.target_tokens;
@@ -187,9 +187,9 @@ class PipelineStep final : public StepStrategy {
                                          cfg_.seq_len, head_rows);
     }
     // Every replica's tokens: the data's share of each is the same size.
-    return ctx_.mesh.dp * model::training_flops(ctx_.model_config, 0,
-                                                ctx_.model_config.num_stage_layers(),
-                                                rec.padded_tokens, cfg_.seq_len, head_rows);
+    return ctx_.mesh.dp() * model::training_flops(ctx_.model_config, 0,
+                                                  ctx_.model_config.num_stage_layers(),
+                                                  rec.padded_tokens, cfg_.seq_len, head_rows);
   }
 
   void save(const std::string& dir, const model::TrainState& state) override {
@@ -205,15 +205,15 @@ class PipelineStep final : public StepStrategy {
 
   EpochEval evaluate(int64_t epoch, const StopCheck& stop) override {
     // The replicas' summed gradients keep each stage bitwise equal across them, as in dp_train.
-    if (ctx_.dp_comm) {
+    if (replicas() != nullptr) {
       for (auto& model : models_) {
-        check_replicas(model, *ctx_.dp_comm, "at the end of epoch " + std::to_string(epoch + 1),
+        check_replicas(model, *replicas(), "at the end of epoch " + std::to_string(epoch + 1),
                        "the pipeline's replicas diverged: report the run with its flags");
       }
     }
-    const auto val = pipeline_validation_loss(
-        models_, *ctx_.comm, data_.dataset().split("validation"), cfg_.max_eval_pairs,
-        data_.local_batch() / m_, cfg_.seq_len, data_.special(), ctx_.autocast, stop);
+    const auto val = pipeline_validation_loss(models_, *pipe(), data_.dataset().split("validation"),
+                                              cfg_.max_eval_pairs, data_.local_batch() / m_,
+                                              cfg_.seq_len, data_.special(), ctx_.autocast, stop);
     if (val.stopped) return {val.loss, val.perplexity, std::nan(""), true};
     if (ctx_.topo.rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
@@ -224,6 +224,10 @@ class PipelineStep final : public StepStrategy {
   }
 
  private:
+  // This rank's pipeline, and its stages' replicas (null with --dp 1).
+  comm::Communicator* pipe() const { return ctx_.comms.along(MeshDim::kPp); }
+  comm::Communicator* replicas() const { return ctx_.comms.along(MeshDim::kDp); }
+
   const RunContext& ctx_;
   const parallel::TrainConfig& cfg_;
   TrainData& data_;

@@ -47,7 +47,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   auto ctx = make_run_context(cfg_in, parallel::Program::kPipeline, topo);
   const auto& cfg = ctx.cfg;
   // This rank's pipeline: n ranks, of which it is `rank` (the world with --dp 1; mesh.h).
-  const int n = ctx.mesh.pp, rank = ctx.mesh.pp_rank;
+  const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank();
+  // Its communicator, and its stages' replicas' (null with --dp 1).
+  comm::Communicator* const pipe = ctx.comms.along(MeshDim::kPp);
+  comm::Communicator* const replicas = ctx.comms.along(MeshDim::kDp);
   const int m = cfg.microbatches;     // resolved: 1 for model parallelism
   const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
@@ -61,7 +64,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   // A pipeline's ranks all see their replica's batch: replica d is data rank d of D (with --dp 1
   // the global batch, a data "world" of one).
   std::optional<TrainData> opened;
-  open_train_data(ctx, ctx.mesh.dp_rank, ctx.mesh.dp, opened);
+  open_train_data(ctx, ctx.mesh.dp_rank(), ctx.mesh.dp(), opened);
   TrainData& data = *opened;
   const auto positions = cfg.loss_positions;
   // The head's cost depends on how many positions it runs at: the data's share of targets.
@@ -69,10 +72,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
   if (cfg.partition == pipeline::PartitionKind::kMeasured && cfg.resume.empty()) {
-    costs = measured_layer_costs(*ctx.comm, ctx.model_config, data.local_batch() / m, cfg.seq_len,
+    costs = measured_layer_costs(*pipe, ctx.model_config, data.local_batch() / m, cfg.seq_len,
                                  ctx.autocast, loss_share);
     // Every replica splits as replica 0 measured, or their stages would differ.
-    if (ctx.dp_comm) costs = broadcast_costs(*ctx.dp_comm, costs);
+    if (replicas != nullptr) costs = broadcast_costs(*replicas, costs);
     compat::reset_peak_memory(ctx.device);
   }
   pipeline::Partition split;  // agreed: a checkpoint every rank rejects is reported once
@@ -80,7 +83,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       [&] {
         split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
                                                      cfg.seq_len, costs, v, loss_share)
-                                   : checkpoint_partition(cfg.resume, n_stages, ctx.mesh.dp);
+                                   : checkpoint_partition(cfg.resume, n_stages, ctx.mesh.dp());
       },
       ctx.checkpoint_timeout());
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
@@ -125,9 +128,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
             check_resume_position(st, cfg, data.batches_per_epoch());
             if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
           }
-          compat::set_rng_state(
-              ctx.device, ctx.mesh.dp > 1 ? rank_rng_state(state, ctx.mesh.dp_rank, ctx.mesh.dp)
-                                          : state.rng_state);
+          compat::set_rng_state(ctx.device,
+                                ctx.mesh.dp() > 1
+                                    ? rank_rng_state(state, ctx.mesh.dp_rank(), ctx.mesh.dp())
+                                    : state.rng_state);
         },
         ctx.checkpoint_timeout());
     data.set_position({state.epoch, state.batch_in_epoch});
@@ -140,10 +144,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   std::vector<std::unique_ptr<GradReducer>> reducers;
   for (size_t c = 0; c < models.size(); ++c) {
     ReducerOptions ro;
-    ro.kind = !ctx.dp_comm    ? ReducerKind::kNone
-              : cfg.zero == 1 ? ReducerKind::kSharded
-                              : ReducerKind::kBucketed;
-    ro.group = ctx.dp_comm.get();
+    ro.kind = replicas == nullptr ? ReducerKind::kNone
+              : cfg.zero == 1     ? ReducerKind::kSharded
+                                  : ReducerKind::kBucketed;
+    ro.group = replicas;
     ro.op = comm::ReduceOp::kSum;
     ro.overlap = false;
     ro.bucket_mb = cfg.bucket_mb;
@@ -163,8 +167,12 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   for (size_t c = 0; c < stages.size(); ++c) {
     stages[c]->set_last_backward_hook([r = reducers[c].get()] { r->begin_backward(true); });
   }
-  pipeline::CommTransport transport(*ctx.comm, *ctx.grad_comm, ctx.act_wrap_comm.get(),
-                                    ctx.grad_wrap_comm.get());
+  const auto channel = [&](pipeline::Channel c) {
+    return ctx.comms.along(MeshDim::kPp, static_cast<int>(c));
+  };
+  pipeline::CommTransport transport(
+      *channel(pipeline::Channel::kActivations), *channel(pipeline::Channel::kGradients),
+      channel(pipeline::Channel::kActivationsWrap), channel(pipeline::Channel::kGradientsWrap));
   const auto schedule =
       cfg.zero_bubble
           ? pipeline::make_zero_bubble_schedule(
@@ -181,10 +189,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"),
                            cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   recorder.set_attribute("stage", rank);
-  recorder.set_attribute("dp", ctx.mesh.dp);
-  recorder.set_attribute("dp_rank", ctx.mesh.dp_rank);
-  recorder.set_attribute("pp", ctx.mesh.pp);
-  recorder.set_attribute("pp_rank", ctx.mesh.pp_rank);
+  recorder.set_attribute("dp", ctx.mesh.dp());
+  recorder.set_attribute("dp_rank", ctx.mesh.dp_rank());
+  recorder.set_attribute("pp", ctx.mesh.pp());
+  recorder.set_attribute("pp_rank", ctx.mesh.pp_rank());
   // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
   // (layer_begin_<c>, layer_end_<c>).
   for (int c = 0; c < v; ++c) {
@@ -202,7 +210,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   }
   if (topo.rank == 0) {
     const std::string replicas =
-        ctx.mesh.dp > 1 ? std::to_string(ctx.mesh.dp) + " replicas of " : std::string();
+        ctx.mesh.dp() > 1 ? std::to_string(ctx.mesh.dp()) + " replicas of " : std::string();
     std::printf(
         "pp_train: %s%d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, "
         "%d micro-batch(es), global batch %lld x %lld tokens\n"
@@ -231,16 +239,16 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     std::printf(
         "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
         "(%.1f MiB unsharded)\n",
-        static_cast<double>(reducers.front()->state_bytes()) / (1 << 20), ctx.mesh.dp,
+        static_cast<double>(reducers.front()->state_bytes()) / (1 << 20), ctx.mesh.dp(),
         static_cast<double>(reducers.front()->unsharded_state_bytes()) / (1 << 20));
     std::fflush(stdout);
   }
   LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
   const auto strategy = make_pipeline_step(ctx, data, recorder, models, std::move(reducers), stages,
                                            executor, my_stages, split, m, positions, scaler);
-  return run_training(ctx, data, recorder, state,
-                      {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp), &scaler},
-                      *strategy);
+  return run_training(
+      ctx, data, recorder, state,
+      {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp()), &scaler}, *strategy);
 }
 
 }  // namespace gpt2p::parallel

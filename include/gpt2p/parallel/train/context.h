@@ -19,6 +19,7 @@
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/train/data.h"
 #include "gpt2p/parallel/train/mesh.h"
+#include "gpt2p/parallel/train/mesh_comms.h"
 #include "gpt2p/parallel/train/options.h"
 
 namespace gpt2p::parallel {
@@ -26,23 +27,18 @@ namespace gpt2p::parallel {
 struct RunContext {
   parallel::TrainConfig cfg;
   Topology topo;
-  // This rank's place in the job's grid: pp_train's D x P (--dp); dp_train and gpt2_train are
-  // world x 1.
+  // This rank's place in the job's grid (train/mesh.h): dp_train and gpt2_train are "dp" over
+  // every rank; pp_train is "dp-pp" (--dp D replicas of a P-rank pipeline).
   Mesh mesh;
   torch::Device device{torch::kCPU};
-  // NCCL on cuda (also for ranks that share a GPU: comm/gpu_placement.h), MPI on cpu and with
-  // --comm mpi.
-  // pp_train: the ranks of this rank's pipeline (the whole world when --dp is 1).
-  std::unique_ptr<comm::Communicator> comm;
-  // pp_train with --dp > 1: the ranks holding this rank's stages in every replica (one per
-  // replica, in replica order), over which those stages' gradients are summed; null otherwise.
-  std::unique_ptr<comm::Communicator> dp_comm;
-  // pp_train only: a second communicator (own NCCL stream) for the pipeline's gradient transfers,
-  // so activations and gradients never queue behind each other (pipeline/runtime/executor.h).
-  std::unique_ptr<comm::Communicator> grad_comm;
-  // pp_train with several stages per rank: one more each for the transfers that wrap from the
-  // last rank to the first (activations) and back (gradients) (pipeline/plan/schedule.h, Channel).
-  std::unique_ptr<comm::Communicator> act_wrap_comm, grad_wrap_comm;
+  // The mesh's communicators (train/mesh_comms.h): NCCL on cuda (also for ranks that share a GPU:
+  // comm/gpu_placement.h), MPI on cpu and with --comm mpi. dp_train: one along dp. pp_train: the
+  // four channels of pipeline/plan/schedule.h along pp (the two wrapping ones only with several
+  // stages per rank), and one along dp with --dp > 1.
+  MeshComms comms;
+  // The communicator the loop steps with (its start barrier and the barriers after evaluation):
+  // the mesh's innermost dimension's first.
+  comm::Communicator& step_comm() const { return *comms.along(mesh.innermost()); }
   // MPI over CPU tensors, for the host's decisions: stop requests, checkpoint commits.
   std::unique_ptr<comm::Communicator> control;
   data::BpeTokenizer tokenizer;
