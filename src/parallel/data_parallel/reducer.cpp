@@ -136,7 +136,7 @@ std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
     }
     case ReducerKind::kSharded: {
       ZeroOptions zo;
-      zo.adam = options.adam;
+      zo.adam = static_cast<const torch::optim::AdamWOptions&>(optimizer->defaults());
       zo.buckets.bucket_mb = options.bucket_mb;
       zo.buckets.dtype = options.dtype;
       zo.buckets.alone = options.alone;

@@ -306,6 +306,26 @@ void init_from(model::GPT2& model, const std::string& dir, bool allow_unverified
   }
 }
 
+model::GPT2 make_model(const RunContext& ctx, const std::optional<model::LayerRange>& range) {
+  const auto& cfg = ctx.cfg;
+  auto model = range ? model::GPT2(ctx.model_config, *range) : model::GPT2(ctx.model_config);
+  model->reset_parameters(cfg.seed);
+  if (!cfg.init_from.empty()) {
+    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
+                       ctx.checkpoint_timeout());
+  }
+  model->to(ctx.device);
+  model->set_kernels(ctx.kernels);
+  model->set_recompute(cfg.recompute);
+  return model;
+}
+
+std::unique_ptr<compat::FusedAdamW> make_adamw(const TrainConfig& cfg,
+                                               std::vector<torch::Tensor> params) {
+  return std::make_unique<compat::FusedAdamW>(
+      std::move(params), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+}
+
 io::RunIdentity run_identity(const RunContext& ctx, const char* program) {
   io::RunIdentity id;
   id.program = program;

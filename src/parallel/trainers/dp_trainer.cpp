@@ -238,19 +238,10 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
               "pick --grad-accum dividing --batch-size / ranks");
 
   torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));  // dropout differs per rank
-  model::GPT2 model(ctx.model_config);
-  model->reset_parameters(cfg.seed);
-  if (!cfg.init_from.empty()) {
-    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
-                       ctx.checkpoint_timeout());
-  }
-  model->to(ctx.device);
-  model->set_kernels(ctx.kernels);
-  model->set_recompute(cfg.recompute);
+  auto model = make_model(ctx);
   if (world > 1) broadcast_parameters(model, ctx.step_comm());
   auto params = model->parameters();
-  const auto adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
-  auto optimizer = std::make_unique<compat::FusedAdamW>(params, adam);
+  auto optimizer = make_adamw(cfg, params);
 
   model::TrainState state;
   if (!cfg.resume.empty()) {
@@ -274,7 +265,6 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   ro.group = ctx.comms.along(MeshDim::kDp);
   ro.bucket_mb = cfg.bucket_mb;
   ro.dtype = cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  ro.adam = adam;
   if (cfg.embedding_sync == EmbeddingSync::kSparse) ro.sparse_tied = model->tied_parameter();
   const auto reducer = make_reducer(params, std::move(optimizer), ro);
   auto sink = reducer->embedding_sink();

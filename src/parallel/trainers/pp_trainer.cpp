@@ -97,18 +97,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers;
   for (int c = 0; c < v; ++c) {
     const int s = rank + c * n;
-    const auto range = split[static_cast<size_t>(s)];
-    model::GPT2 model(ctx.model_config, range);
-    model->reset_parameters(cfg.seed);
-    if (!cfg.init_from.empty()) {
-      cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
-                         ctx.checkpoint_timeout());
-    }
-    model->to(ctx.device);
-    model->set_kernels(ctx.kernels);
-    model->set_recompute(cfg.recompute);
-    optimizers.push_back(std::make_unique<compat::FusedAdamW>(
-        model->parameters(), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay)));
+    auto model = make_model(ctx, split[static_cast<size_t>(s)]);
+    optimizers.push_back(make_adamw(cfg, model->parameters()));
     my_stages.push_back(s);
     models.push_back(model);
   }
@@ -151,7 +141,6 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
     ro.op = comm::ReduceOp::kSum;
     ro.overlap = false;
     ro.bucket_mb = cfg.bucket_mb;
-    ro.adam = torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay);
     if (ro.kind == ReducerKind::kSharded) ro.alone = models[c]->tied_parameter();
     reducers.push_back(make_reducer(models[c]->parameters(), std::move(optimizers[c]), ro));
   }

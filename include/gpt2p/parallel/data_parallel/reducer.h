@@ -44,7 +44,6 @@ struct ReducerOptions {
   torch::Tensor alone;
   double bucket_mb = 25;
   torch::ScalarType dtype = torch::kFloat32;  // the dtype gradients travel in
-  torch::optim::AdamWOptions adam{1e-3};      // zero-1: its shards' AdamW (as `optimizer`'s)
   // The tied weight whose token-lookup gradient is all-gathered as rows instead of reduced
   // densely (bucketed and zero-1; grad_sync.h), or undefined.
   torch::Tensor sparse_tied;
@@ -95,8 +94,8 @@ class GradReducer {
 
 // The reducer of `options.kind` over `params` (one device, after the replicas were made equal).
 // `optimizer`: a plain AdamW over `params`, fresh or holding a checkpoint's state; the replicated
-// kinds step it, zero-1 takes its shards of the state (re-pointing `params` into its buckets,
-// values kept) and drops it.
+// kinds step it, zero-1 takes its options and its shards of the state (re-pointing `params` into
+// its buckets, values kept) and drops it.
 std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
                                           std::unique_ptr<compat::FusedAdamW> optimizer,
                                           const ReducerOptions& options);

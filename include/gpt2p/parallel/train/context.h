@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/compat/adamw.h"
 #include "gpt2p/core/dir_lock.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/special_tokens.h"
@@ -97,6 +98,16 @@ double parameter_checksum(model::GPT2& model);
 
 // Loads --init-from (a Hugging Face GPT-2 directory or one of our checkpoints) into `model`.
 void init_from(model::GPT2& model, const std::string& dir, bool allow_unverified);
+
+// The model as every trainer starts it -- the whole one, or the layers `range` of it (a pipeline
+// stage): weights from --seed, then --init-from (agreed on every rank), on the run's device with
+// its kernels and --recompute.
+model::GPT2 make_model(const RunContext& ctx,
+                       const std::optional<model::LayerRange>& range = std::nullopt);
+// AdamW at --lr and --weight-decay over `params`: the optimizer every trainer starts with (a
+// GradReducer takes it over: data_parallel/reducer.h).
+std::unique_ptr<compat::FusedAdamW> make_adamw(const TrainConfig& cfg,
+                                               std::vector<torch::Tensor> params);
 
 io::RunIdentity run_identity(const RunContext& ctx, const char* program);
 
