@@ -10,6 +10,7 @@
 #include "gpt2p/parallel/train/checkpoint_commit.h"
 #include "gpt2p/parallel/train/common.h"
 #include "gpt2p/parallel/train/evaluator.h"
+#include "gpt2p/pipeline/plan/zero_bubble.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -88,26 +89,55 @@ std::vector<GradReducer*> reducer_parts(const std::vector<std::unique_ptr<GradRe
 // and holds its optimizer, sharded or not.
 class PipelineStep final : public StepStrategy {
  public:
-  PipelineStep(const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
-               std::vector<model::GPT2>& models, std::vector<std::unique_ptr<GradReducer>> reducers,
-               std::vector<std::unique_ptr<pipeline::GptStage>>& stages,
-               pipeline::Executor& executor, const std::vector<int>& my_stages,
-               const pipeline::Partition& split, int microbatches, model::LossPositions positions,
-               LossScaler& scaler)
+  PipelineStep(const RunContext& ctx, TrainData& data, PipelineStages parts, double loss_share,
+               io::RunRecorder& recorder, LossScaler& scaler)
       : ctx_(ctx),
         cfg_(ctx.cfg),
         data_(data),
         recorder_(recorder),
-        models_(models),
-        reducers_(std::move(reducers)),
-        stages_(stages),
-        executor_(executor),
-        my_stages_(my_stages),
-        split_(split),
-        m_(microbatches),
-        positions_(positions),
         scaler_(scaler),
-        clock_(ctx.device, 3) {}
+        split_(std::move(parts.split)),
+        my_stages_(std::move(parts.mine)),
+        models_(std::move(parts.models)),
+        reducers_(make_reducers(std::move(parts.optimizers))),
+        m_(ctx.cfg.microbatches),
+        positions_(ctx.cfg.loss_positions),
+        transport_(*channel(pipeline::Channel::kActivations),
+                   *channel(pipeline::Channel::kGradients),
+                   channel(pipeline::Channel::kActivationsWrap),
+                   channel(pipeline::Channel::kGradientsWrap)),
+        clock_(ctx.device, 3) {
+    std::vector<pipeline::Stage*> stage_ptrs;
+    for (size_t c = 0; c < models_.size(); ++c) {
+      stages_.push_back(std::make_unique<pipeline::GptStage>(models_[c], m_, ctx.autocast,
+                                                             positions_, cfg_.zero_bubble));
+      stage_ptrs.push_back(stages_.back().get());
+      // The replicas' sum of each stage starts with its last backward (a no-op for the other
+      // kinds).
+      stages_[c]->set_last_backward_hook([r = reducers_[c].get()] { r->begin_backward(true); });
+    }
+    const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg_.stages_per_rank;
+    const auto& mc = ctx.model_config;
+    const auto schedule = cfg_.zero_bubble
+                              ? pipeline::make_zero_bubble_schedule(
+                                    cfg_.schedule, m_, n, v,
+                                    pipeline::zero_bubble_costs(
+                                        split_, static_cast<int>(mc.n_layer),
+                                        static_cast<int>(mc.n_embd), static_cast<int>(cfg_.seq_len),
+                                        static_cast<int>(mc.padded_vocab_size()), loss_share),
+                                    cfg_.zb_extra_live)
+                              : pipeline::make_schedule(cfg_.schedule, m_, n, v);
+    executor_ = std::make_unique<pipeline::Executor>(
+        stage_ptrs, transport_, schedule[static_cast<size_t>(rank)], rank, n, ctx.device);
+    if (ctx.topo.rank == 0 && cfg_.zero == 1) {
+      std::printf(
+          "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
+          "(%.1f MiB unsharded)\n",
+          static_cast<double>(reducers_.front()->state_bytes()) / (1 << 20), ctx.mesh.dp(),
+          static_cast<double>(reducers_.front()->unsharded_state_bytes()) / (1 << 20));
+      std::fflush(stdout);
+    }
+  }
 
   void set_training(bool training) override {
     for (auto& model : models_) training ? model->train() : model->eval();
@@ -124,7 +154,7 @@ class PipelineStep final : public StepStrategy {
                         host_mask(batch.batch), scale});
     }
     rec.data = since(t0);
-    const auto times = executor_.run_step(rec.step, rec.start + rec.data);
+    const auto times = executor_->run_step(rec.step, rec.start + rec.data);
     clock_.mark(0);
     // Each stage's gradients summed over its replicas (each replica's loss is its share of the
     // global batch's mean; started by the stage's last backward), then the tied weight's two
@@ -227,35 +257,56 @@ class PipelineStep final : public StepStrategy {
   // This rank's pipeline, and its stages' replicas (null with --dp 1).
   comm::Communicator* pipe() const { return ctx_.comms.along(MeshDim::kPp); }
   comm::Communicator* replicas() const { return ctx_.comms.along(MeshDim::kDp); }
+  comm::Communicator* channel(pipeline::Channel c) const {
+    return ctx_.comms.along(MeshDim::kPp, static_cast<int>(c));
+  }
+
+  // Each stage's reducer over its replicas (none with --dp 1): the replicas' sum, or with --zero 1
+  // the stage's AdamW state sharded over them (a resumed state is sharded, the whole copy
+  // dropped; the tied weight gets a bucket of its own, so the first and the last stage shard it
+  // alike).
+  std::vector<std::unique_ptr<GradReducer>> make_reducers(
+      std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers) const {
+    std::vector<std::unique_ptr<GradReducer>> reducers;
+    for (size_t c = 0; c < models_.size(); ++c) {
+      ReducerOptions ro;
+      ro.kind = replicas() == nullptr ? ReducerKind::kNone
+                : cfg_.zero == 1      ? ReducerKind::kSharded
+                                      : ReducerKind::kBucketed;
+      ro.group = replicas();
+      ro.op = comm::ReduceOp::kSum;
+      ro.overlap = false;
+      ro.bucket_mb = cfg_.bucket_mb;
+      if (ro.kind == ReducerKind::kSharded) ro.alone = models_[c]->tied_parameter();
+      reducers.push_back(make_reducer(models_[c]->parameters(), std::move(optimizers[c]), ro));
+    }
+    return reducers;
+  }
 
   const RunContext& ctx_;
   const parallel::TrainConfig& cfg_;
   TrainData& data_;
   io::RunRecorder& recorder_;
-  std::vector<model::GPT2>& models_;
+  LossScaler& scaler_;
+  const pipeline::Partition split_;
+  const std::vector<int> my_stages_;
+  std::vector<model::GPT2> models_;
   std::vector<std::unique_ptr<GradReducer>> reducers_;  // per stage
   std::vector<GradReducer*> parts_ = reducer_parts(reducers_);
-  std::vector<std::unique_ptr<pipeline::GptStage>>& stages_;
-  pipeline::Executor& executor_;
-  const std::vector<int>& my_stages_;
-  const pipeline::Partition& split_;
   const int m_;
   const model::LossPositions positions_;
-  LossScaler& scaler_;
+  std::vector<std::unique_ptr<pipeline::GptStage>> stages_;
+  pipeline::CommTransport transport_;
+  std::unique_ptr<pipeline::Executor> executor_;
   compat::DeviceClock clock_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepStrategy> make_pipeline_step(
-    const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
-    std::vector<model::GPT2>& models, std::vector<std::unique_ptr<GradReducer>> reducers,
-    std::vector<std::unique_ptr<pipeline::GptStage>>& stages, pipeline::Executor& executor,
-    const std::vector<int>& my_stages, const pipeline::Partition& split, int microbatches,
-    model::LossPositions positions, LossScaler& scaler) {
-  return std::make_unique<PipelineStep>(ctx, data, recorder, models, std::move(reducers), stages,
-                                        executor, my_stages, split, microbatches, positions,
-                                        scaler);
+std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,
+                                                 PipelineStages stages, double loss_share,
+                                                 io::RunRecorder& recorder, LossScaler& scaler) {
+  return std::make_unique<PipelineStep>(ctx, data, std::move(stages), loss_share, recorder, scaler);
 }
 
 }  // namespace gpt2p::parallel

@@ -17,7 +17,6 @@
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
 #include "gpt2p/parallel/data_parallel/reducer.h"
-#include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
 #include "gpt2p/parallel/train/checkpoint_commit.h"
 #include "gpt2p/parallel/train/common.h"
 #include "gpt2p/parallel/train/context.h"
@@ -26,8 +25,6 @@
 #include "gpt2p/parallel/train/loop.h"
 #include "gpt2p/parallel/trainers/pipeline_step.h"
 #include "gpt2p/parallel/trainers/stage_split.h"
-#include "gpt2p/pipeline/plan/zero_bubble.h"
-#include "gpt2p/pipeline/runtime/executor.h"
 
 namespace gpt2p::parallel {
 namespace {
@@ -40,14 +37,112 @@ std::vector<double> broadcast_costs(comm::Communicator& dp_comm, const std::vect
   return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
 }
 
+// This rank's stages of `split` (rank, rank + P, ...: mesh.h), each a model with its AdamW;
+// dropout's generator is seeded per rank.
+PipelineStages make_stages(const RunContext& ctx, pipeline::Partition split) {
+  const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank();
+  torch::manual_seed(ctx.cfg.seed + static_cast<uint64_t>(rank));
+  PipelineStages stages;
+  stages.split = std::move(split);
+  for (int c = 0; c < ctx.cfg.stages_per_rank; ++c) {
+    const int s = rank + c * n;
+    auto model = make_model(ctx, stages.split[static_cast<size_t>(s)]);
+    stages.optimizers.push_back(make_adamw(ctx.cfg, model->parameters()));
+    stages.mine.push_back(s);
+    stages.models.push_back(model);
+  }
+  return stages;
+}
+
+// Loads every stage of this rank from --resume, restores its generator and puts the data at the
+// checkpoint's position; returns the first stage's state. Agreed before anything is written: a
+// stage that cannot be read ends the job on every rank while the run's files are as they were.
+model::TrainState resume_stages(const RunContext& ctx, TrainData& data, PipelineStages& stages) {
+  const auto& cfg = ctx.cfg;
+  model::TrainState state;
+  cli::on_every_rank(
+      [&] {
+        for (size_t c = 0; c < stages.models.size(); ++c) {
+          const std::string dir = cfg.resume + "/stage" + std::to_string(stages.mine[c]);
+          auto st = model::load_checkpoint(dir, *stages.models[c], stages.optimizers[c].get(),
+                                           {cfg.allow_unverified_checkpoint});
+          if (c == 0) state = st;
+          check_resume_position(st, cfg, data.batches_per_epoch());
+          if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
+        }
+        compat::set_rng_state(
+            ctx.device, ctx.mesh.dp() > 1 ? rank_rng_state(state, ctx.mesh.dp_rank(), ctx.mesh.dp())
+                                          : state.rng_state);
+      },
+      ctx.checkpoint_timeout());
+  data.set_position({state.epoch, state.batch_in_epoch});
+  return state;
+}
+
+// The rank file's pipeline attributes, and rank 0's start-up lines.
+void describe_pipeline(const RunContext& ctx, const TrainData& data, const PipelineStages& stages,
+                       const std::vector<double>& costs, io::RunRecorder& recorder) {
+  const auto& cfg = ctx.cfg;
+  const auto& split = stages.split;
+  const auto& topo = ctx.topo;
+  const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg.stages_per_rank;
+  const int m = cfg.microbatches;
+  recorder.set_attribute("stage", rank);
+  recorder.set_attribute("dp", ctx.mesh.dp());
+  recorder.set_attribute("dp_rank", ctx.mesh.dp_rank());
+  recorder.set_attribute("pp", ctx.mesh.pp());
+  recorder.set_attribute("pp_rank", ctx.mesh.pp_rank());
+  // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
+  // (layer_begin_<c>, layer_end_<c>).
+  for (int c = 0; c < v; ++c) {
+    const auto r = split[static_cast<size_t>(stages.mine[static_cast<size_t>(c)])];
+    const std::string suffix = c == 0 ? "" : "_" + std::to_string(c);
+    recorder.set_attribute("layer_begin" + suffix, r.begin);
+    recorder.set_attribute("layer_end" + suffix, r.end);
+  }
+  recorder.set_attribute("stages_per_rank", v);
+  recorder.set_attribute("microbatches", m);
+  recorder.set_attribute("zero", cfg.zero);
+  if (!costs.empty()) {
+    recorder.set_attribute("layer_time_embedding_s", costs.front());
+    recorder.set_attribute("layer_time_block_s", costs[1]);
+    recorder.set_attribute("layer_time_head_s", costs.back());
+  }
+  if (topo.rank == 0) {
+    const std::string replicas =
+        ctx.mesh.dp() > 1 ? std::to_string(ctx.mesh.dp()) + " replicas of " : std::string();
+    std::printf(
+        "pp_train: %s%d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, "
+        "%d micro-batch(es), global batch %lld x %lld tokens\n"
+        "  %s split (layers, inclusive): %s\n"
+        "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
+        replicas.c_str(), n, v,
+        ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
+        model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
+        name_string(cfg.schedule).c_str(), m, static_cast<long long>(cfg.batch_size),
+        static_cast<long long>(cfg.seq_len),
+        cfg.resume.empty() ? name_string(cfg.partition).c_str() : "checkpoint's",
+        pipeline::to_string(split).c_str(), name_string(cfg.loss_positions).c_str(),
+        data.target_fraction(), ctx.describe_kernels().c_str());
+    if (!costs.empty()) {
+      std::printf(
+          "  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
+          " (= %.2f blocks)\n",
+          1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
+          costs[1] > 0 ? costs.back() / costs[1] : 0.0);
+    }
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   const StopSignals signals;  // SIGTERM/SIGINT: checkpoint after the step, then exit
   auto ctx = make_run_context(cfg_in, parallel::Program::kPipeline, topo);
   const auto& cfg = ctx.cfg;
-  // This rank's pipeline: n ranks, of which it is `rank` (the world with --dp 1; mesh.h).
-  const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank();
+  // This rank's pipeline: n ranks (the world with --dp 1; mesh.h).
+  const int n = ctx.mesh.pp();
   // Its communicator, and its stages' replicas' (null with --dp 1).
   comm::Communicator* const pipe = ctx.comms.along(MeshDim::kPp);
   comm::Communicator* const replicas = ctx.comms.along(MeshDim::kDp);
@@ -88,153 +183,18 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       ctx.checkpoint_timeout());
   GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
-  const auto kind = cfg.schedule;
 
-  torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));
-  // This rank's stages, each with its own optimizer and checkpoint directory.
-  std::vector<int> my_stages;
-  std::vector<model::GPT2> models;
-  std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers;
-  for (int c = 0; c < v; ++c) {
-    const int s = rank + c * n;
-    auto model = make_model(ctx, split[static_cast<size_t>(s)]);
-    optimizers.push_back(make_adamw(cfg, model->parameters()));
-    my_stages.push_back(s);
-    models.push_back(model);
-  }
-  model::TrainState state;
-  if (!cfg.resume.empty()) {
-    // Agreed before anything is written: a stage that cannot be read ends the job on every rank
-    // while the run's files are as they were.
-    cli::on_every_rank(
-        [&] {
-          for (int c = 0; c < v; ++c) {
-            const std::string dir =
-                cfg.resume + "/stage" + std::to_string(my_stages[static_cast<size_t>(c)]);
-            auto st = model::load_checkpoint(dir, *models[static_cast<size_t>(c)],
-                                             optimizers[static_cast<size_t>(c)].get(),
-                                             {cfg.allow_unverified_checkpoint});
-            if (c == 0) state = st;
-            check_resume_position(st, cfg, data.batches_per_epoch());
-            if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
-          }
-          compat::set_rng_state(ctx.device,
-                                ctx.mesh.dp() > 1
-                                    ? rank_rng_state(state, ctx.mesh.dp_rank(), ctx.mesh.dp())
-                                    : state.rng_state);
-        },
-        ctx.checkpoint_timeout());
-    data.set_position({state.epoch, state.batch_in_epoch});
-  }
+  auto stages = make_stages(ctx, std::move(split));
+  const model::TrainState state =
+      cfg.resume.empty() ? model::TrainState() : resume_stages(ctx, data, stages);
 
-  // Each stage's reducer over its replicas (one with --dp 1): the replicas' sum, or with --zero 1
-  // the stage's AdamW state sharded over them (a resumed state is sharded, the whole copy
-  // dropped; the tied weight gets a bucket of its own, so the first and the last stage shard it
-  // alike).
-  std::vector<std::unique_ptr<GradReducer>> reducers;
-  for (size_t c = 0; c < models.size(); ++c) {
-    ReducerOptions ro;
-    ro.kind = replicas == nullptr ? ReducerKind::kNone
-              : cfg.zero == 1     ? ReducerKind::kSharded
-                                  : ReducerKind::kBucketed;
-    ro.group = replicas;
-    ro.op = comm::ReduceOp::kSum;
-    ro.overlap = false;
-    ro.bucket_mb = cfg.bucket_mb;
-    if (ro.kind == ReducerKind::kSharded) ro.alone = models[c]->tied_parameter();
-    reducers.push_back(make_reducer(models[c]->parameters(), std::move(optimizers[c]), ro));
-  }
-
-  std::vector<std::unique_ptr<pipeline::GptStage>> stages;
-  std::vector<pipeline::Stage*> stage_ptrs;
-  for (auto& model : models) {
-    stages.push_back(
-        std::make_unique<pipeline::GptStage>(model, m, ctx.autocast, positions, cfg.zero_bubble));
-    stage_ptrs.push_back(stages.back().get());
-  }
-  // The replicas' sum of each stage starts with its last backward (a no-op for the other kinds).
-  for (size_t c = 0; c < stages.size(); ++c) {
-    stages[c]->set_last_backward_hook([r = reducers[c].get()] { r->begin_backward(true); });
-  }
-  const auto channel = [&](pipeline::Channel c) {
-    return ctx.comms.along(MeshDim::kPp, static_cast<int>(c));
-  };
-  pipeline::CommTransport transport(
-      *channel(pipeline::Channel::kActivations), *channel(pipeline::Channel::kGradients),
-      channel(pipeline::Channel::kActivationsWrap), channel(pipeline::Channel::kGradientsWrap));
-  const auto schedule =
-      cfg.zero_bubble
-          ? pipeline::make_zero_bubble_schedule(
-                kind, m, n, v,
-                pipeline::zero_bubble_costs(
-                    split, static_cast<int>(ctx.model_config.n_layer),
-                    static_cast<int>(ctx.model_config.n_embd), static_cast<int>(cfg.seq_len),
-                    static_cast<int>(ctx.model_config.padded_vocab_size()), loss_share),
-                cfg.zb_extra_live)
-          : pipeline::make_schedule(kind, m, n, v);
-  pipeline::Executor executor(stage_ptrs, transport, schedule[static_cast<size_t>(rank)], rank, n,
-                              ctx.device);
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
   io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"),
                            cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
-  recorder.set_attribute("stage", rank);
-  recorder.set_attribute("dp", ctx.mesh.dp());
-  recorder.set_attribute("dp_rank", ctx.mesh.dp_rank());
-  recorder.set_attribute("pp", ctx.mesh.pp());
-  recorder.set_attribute("pp_rank", ctx.mesh.pp_rank());
-  // The layers of stage rank (layer_begin, layer_end) and of its further stages rank + c n
-  // (layer_begin_<c>, layer_end_<c>).
-  for (int c = 0; c < v; ++c) {
-    const auto r = split[static_cast<size_t>(my_stages[static_cast<size_t>(c)])];
-    const std::string suffix = c == 0 ? "" : "_" + std::to_string(c);
-    recorder.set_attribute("layer_begin" + suffix, r.begin);
-    recorder.set_attribute("layer_end" + suffix, r.end);
-  }
-  recorder.set_attribute("stages_per_rank", v);
-  recorder.set_attribute("microbatches", m);
-  if (!costs.empty()) {
-    recorder.set_attribute("layer_time_embedding_s", costs.front());
-    recorder.set_attribute("layer_time_block_s", costs[1]);
-    recorder.set_attribute("layer_time_head_s", costs.back());
-  }
-  if (topo.rank == 0) {
-    const std::string replicas =
-        ctx.mesh.dp() > 1 ? std::to_string(ctx.mesh.dp()) + " replicas of " : std::string();
-    std::printf(
-        "pp_train: %s%d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, "
-        "%d micro-batch(es), global batch %lld x %lld tokens\n"
-        "  %s split (layers, inclusive): %s\n"
-        "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
-        replicas.c_str(), n, v,
-        ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
-        model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
-        name_string(cfg.schedule).c_str(), m, static_cast<long long>(cfg.batch_size),
-        static_cast<long long>(cfg.seq_len),
-        cfg.resume.empty() ? name_string(cfg.partition).c_str() : "checkpoint's",
-        pipeline::to_string(split).c_str(), name_string(cfg.loss_positions).c_str(),
-        data.target_fraction(), ctx.describe_kernels().c_str());
-    if (!costs.empty()) {
-      std::printf(
-          "  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"
-          " (= %.2f blocks)\n",
-          1e3 * costs.front(), 1e3 * costs[1], 1e3 * costs.back(),
-          costs[1] > 0 ? costs.back() / costs[1] : 0.0);
-    }
-    std::fflush(stdout);
-  }
-
-  recorder.set_attribute("zero", cfg.zero);
-  if (topo.rank == 0 && cfg.zero == 1) {
-    std::printf(
-        "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
-        "(%.1f MiB unsharded)\n",
-        static_cast<double>(reducers.front()->state_bytes()) / (1 << 20), ctx.mesh.dp(),
-        static_cast<double>(reducers.front()->unsharded_state_bytes()) / (1 << 20));
-    std::fflush(stdout);
-  }
+  describe_pipeline(ctx, data, stages, costs, recorder);
   LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
-  const auto strategy = make_pipeline_step(ctx, data, recorder, models, std::move(reducers), stages,
-                                           executor, my_stages, split, m, positions, scaler);
+  const auto strategy =
+      make_pipeline_step(ctx, data, std::move(stages), loss_share, recorder, scaler);
   return run_training(
       ctx, data, recorder, state,
       {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp()), &scaler}, *strategy);

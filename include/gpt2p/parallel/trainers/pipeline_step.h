@@ -1,13 +1,14 @@
 // pp_train's step, a StepStrategy for the one training loop (train/loop.h): the executor runs
 // this rank's part of the schedule, each stage's reducer (reducer.h) sums its gradients over the
 // stage's replicas, the tied weight's two stages sum their halves, the gradients are clipped over
-// every stage and applied; the loss comes from the last stage. pp_trainer.cpp sets up what it is
-// given and keeps what is passed by reference alive.
+// every stage and applied; the loss comes from the last stage. pp_trainer.cpp builds the stages'
+// models; make_pipeline_step builds the rest and owns it.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "gpt2p/compat/adamw.h"
 #include "gpt2p/io/run_record.h"
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/data_parallel/reducer.h"
@@ -20,13 +21,24 @@
 
 namespace gpt2p::parallel {
 
-// `reducers`: one per stage of `models` (the step owns them). `my_stages` are this rank's global
-// stage indices into `split`. `scaler`: the run's loss scaling (loss_scaler.h).
-std::unique_ptr<StepStrategy> make_pipeline_step(
-    const RunContext& ctx, TrainData& data, io::RunRecorder& recorder,
-    std::vector<model::GPT2>& models, std::vector<std::unique_ptr<GradReducer>> reducers,
-    std::vector<std::unique_ptr<pipeline::GptStage>>& stages, pipeline::Executor& executor,
-    const std::vector<int>& my_stages, const pipeline::Partition& split, int microbatches,
-    model::LossPositions positions, LossScaler& scaler);
+// This rank's stages before the step exists: the pipeline's layer split, the global indices of
+// the stages this rank runs (rank, rank + P, ...) and their models with their AdamW (fresh, or
+// holding a resumed checkpoint's state).
+struct PipelineStages {
+  pipeline::Partition split;
+  std::vector<int> mine;
+  std::vector<model::GPT2> models;
+  std::vector<std::unique_ptr<compat::FusedAdamW>> optimizers;
+};
+
+// Builds this rank's pipeline step from the run and its stages, and owns what it builds: per
+// stage a reducer over the stage's replicas (the mesh's dp: their sum, or --zero 1's shards) and
+// a GptStage of M = cfg.microbatches micro-batches; the schedule (--schedule, --zero-bubble, whose
+// costs take `loss_share`, the head's share of positions); the transport over the mesh's pp
+// channels; and the executor of this rank's actions. `recorder` and `scaler` are the run's (the
+// loop uses them too). Rank 0 prints ZeRO-1's state size.
+std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,
+                                                 PipelineStages stages, double loss_share,
+                                                 io::RunRecorder& recorder, LossScaler& scaler);
 
 }  // namespace gpt2p::parallel
