@@ -47,6 +47,16 @@ std::string help(const char* rest) {
   return choices<E>() + rest;
 }
 
+// The --schedule values whose kinds run one stage per rank (false) or several (true): "a and b".
+std::string schedules_with(bool several_stages_per_rank) {
+  std::string out;
+  for (const pipeline::ScheduleInfo& s : pipeline::kSchedules) {
+    if (s.several_stages_per_rank != several_stages_per_rank) continue;
+    out += (out.empty() ? "" : " and ") + std::string(s.name);
+  }
+  return out;
+}
+
 template <class T>
 std::function<void(const T&)> positive(const char* flag) {
   return allowed<T>(
@@ -128,7 +138,7 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
     pp.add_options()
         ("mode", named_value(c.mode, "mode"), help<PipelineMode>(" (whole batch as one micro-batch, HW5's baseline)").c_str())
         ("schedule", named_value(c.schedule, "schedule"), help<pipeline::ScheduleKind>(" (1F1B over --stages-per-rank stages per rank, Megatron's virtual pipeline: a smaller bubble at the same micro-batch size; --microbatches a multiple of the ranks)").c_str())
-        ("stages-per-rank", po::value(&c.stages_per_rank)->default_value(c.stages_per_rank), "stages each rank holds, rank r the stages r, r + ranks, ...: 1 for gpipe and 1f1b, >= 2 for interleaved (0 = 2 there)")
+        ("stages-per-rank", po::value(&c.stages_per_rank)->default_value(c.stages_per_rank), ("stages each rank holds, rank r the stages r, r + ranks, ...: 1 for " + schedules_with(false) + ", >= 2 for " + schedules_with(true) + " (0 = 2 there)").c_str())
         ("microbatches", po::value(&c.microbatches)->default_value(c.microbatches), "micro-batches per step (HW5's n_chunk); must divide --batch-size (with --dp D: a replica's batch, --batch-size / D)")
         ("dp", po::value(&c.dp)->notifier(positive<int>("dp"))->default_value(c.dp), "data-parallel replicas of the pipeline: mpirun -np D*P pp_train --dp D runs D pipelines of P ranks (ranks d*P .. d*P+P-1 are replica d), each on its share of the batch, their gradients averaged per stage")
         ("zero-bubble", po::bool_switch(&c.zero_bubble), "split every backward into B (the input gradient the previous stage waits for) and W (the weight gradients), and run the W's in the schedule's bubbles (Zero Bubble Pipeline Parallelism, Qi et al. 2024); any --schedule")
@@ -191,17 +201,18 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   require(c.zb_extra_live >= -1,
           "--zb-extra-live " + std::to_string(c.zb_extra_live) +
               ": use 0 (the memory of the schedule without --zero-bubble), more, or -1 (no limit)");
-  using pipeline::ScheduleKind;
-  if (c.mode == PipelineMode::kModelParallel && c.schedule == ScheduleKind::kInterleaved) {
+  if (c.mode == PipelineMode::kModelParallel &&
+      pipeline::schedule_info(c.schedule).several_stages_per_rank) {
     // One micro-batch over one stage per rank: every schedule is the same.
-    c.schedule = ScheduleKind::kOneFOneB;
+    c.schedule = pipeline::ScheduleKind::kOneFOneB;
     c.stages_per_rank = 1;
   }
-  const bool interleaved = c.schedule == ScheduleKind::kInterleaved;
-  if (c.stages_per_rank == 0) c.stages_per_rank = interleaved ? 2 : 1;
-  require(interleaved ? c.stages_per_rank >= 2 : c.stages_per_rank == 1,
+  const bool several = pipeline::schedule_info(c.schedule).several_stages_per_rank;
+  if (c.stages_per_rank == 0) c.stages_per_rank = several ? 2 : 1;
+  require(several ? c.stages_per_rank >= 2 : c.stages_per_rank == 1,
           "--stages-per-rank " + std::to_string(c.stages_per_rank) + " does not fit --schedule " +
-              name_string(c.schedule) + ": use 1 with gpipe and 1f1b, 2 or more with interleaved");
+              name_string(c.schedule) + ": use 1 with " + schedules_with(false) +
+              ", 2 or more with " + schedules_with(true));
   require(c.microbatches > 0, "--microbatches must be positive");
   if (program == Program::kPipeline && c.mode == PipelineMode::kModelParallel) c.microbatches = 1;
   require(program != Program::kPipeline || c.batch_size % c.microbatches == 0,

@@ -130,14 +130,16 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
         }
       };
       for (int v : spec.stages_per_rank) {
-        if (v == 1) {
-          add(ScheduleKind::kGPipe, 1, *split);
-          if (m > 1) add(ScheduleKind::kOneFOneB, 1, *split);  // M = 1: the same as GPipe
-          continue;
+        // Several stages per rank take 2 ranks or more, M a multiple of them, a block per stage.
+        const bool several = v != 1;
+        if (several && (n < 2 || m % n != 0 || n * v > L)) continue;
+        const auto stages = several ? split_of(partition, v, m) : split;
+        if (!stages) continue;
+        for (const ScheduleInfo& schedule : kSchedules) {
+          if (schedule.several_stages_per_rank != several) continue;
+          add(schedule.kind, v, *stages);
+          if (m == 1) break;  // M = 1: every schedule runs the same (model_parallel)
         }
-        if (n < 2 || m % n != 0 || n * v > L) continue;
-        if (const auto stages = split_of(partition, v, m))
-          add(ScheduleKind::kInterleaved, v, *stages);
       }
     }
   }

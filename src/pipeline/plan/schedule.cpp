@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "gpt2p/core/error.h"
+#include "schedule_table.h"
 
 namespace gpt2p::pipeline {
 namespace {
@@ -257,18 +258,29 @@ Channel channel_of(const Action& a, int n_ranks) {
   return wraps ? Channel::kGradientsWrap : Channel::kGradients;
 }
 
-Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int stages_per_rank) {
-  if (kind == ScheduleKind::kInterleaved) {
-    return add_communication(interleaved_schedule(n_microbatches, n_ranks, stages_per_rank),
-                             n_ranks * stages_per_rank);
+const ScheduleInfo& schedule_info(ScheduleKind kind) {
+  for (const ScheduleInfo& s : kSchedules) {
+    if (s.kind == kind) return s;
   }
-  GPT2P_CHECK(stages_per_rank == 1,
-              to_string(kind) << " runs one stage per rank, not " << stages_per_rank,
-              "use --schedule interleaved for several stages per rank");
-  const Schedule compute = kind == ScheduleKind::kGPipe
-                               ? gpipe_schedule(n_microbatches, n_ranks)
-                               : one_f_one_b_schedule(n_microbatches, n_ranks);
-  return add_communication(compute, n_ranks);
+  GPT2P_FAIL("schedule_info: schedule kind " << static_cast<int>(kind) << " has no row",
+             "pass a ScheduleKind of kSchedules (schedule.h)");
+}
+
+void detail::check_stages_per_rank(const ScheduleInfo& schedule, int stages_per_rank) {
+  if (schedule.several_stages_per_rank || stages_per_rank == 1) return;
+  std::string several;  // the kinds that take it, "a or b"
+  for (const ScheduleInfo& s : kSchedules) {
+    if (s.several_stages_per_rank) several += (several.empty() ? "" : " or ") + std::string(s.name);
+  }
+  GPT2P_FAIL(schedule.name << " runs one stage per rank, not " << stages_per_rank,
+             "use --schedule " << several << " for several stages per rank");
+}
+
+Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int stages_per_rank) {
+  const ScheduleInfo& schedule = schedule_info(kind);
+  detail::check_stages_per_rank(schedule, stages_per_rank);
+  return add_communication(schedule.compute(n_microbatches, n_ranks, stages_per_rank),
+                           n_ranks * stages_per_rank);
 }
 
 }  // namespace gpt2p::pipeline

@@ -9,6 +9,7 @@
 
 #include "action_counts.h"
 #include "gpt2p/core/error.h"
+#include "schedule_table.h"
 
 namespace gpt2p::pipeline {
 
@@ -266,17 +267,9 @@ Schedule make_zero_bubble_schedule(ScheduleKind kind, int n_microbatches, int n_
                                    int stages_per_rank, const ZeroBubbleCosts& costs,
                                    int extra_live) {
   const int n_stages = n_ranks * stages_per_rank;
-  Schedule base;
-  switch (kind) {
-    case ScheduleKind::kGPipe: base = gpipe_schedule(n_microbatches, n_stages); break;
-    case ScheduleKind::kOneFOneB: base = one_f_one_b_schedule(n_microbatches, n_stages); break;
-    case ScheduleKind::kInterleaved:
-      base = interleaved_schedule(n_microbatches, n_ranks, stages_per_rank);
-      break;
-  }
-  GPT2P_CHECK(kind == ScheduleKind::kInterleaved || stages_per_rank == 1,
-              to_string(kind) << " runs one stage per rank, not " << stages_per_rank,
-              "use --schedule interleaved for several stages per rank");
+  const ScheduleInfo& schedule = schedule_info(kind);
+  const Schedule base = schedule.compute(n_microbatches, n_ranks, stages_per_rank);
+  detail::check_stages_per_rank(schedule, stages_per_rank);
   return add_communication(zero_bubble_schedule(base, costs, extra_live), n_stages);
 }
 

@@ -141,16 +141,42 @@ constexpr int kNumChannels = 4;
 // The channel of a SEND_* / RECV_* action on R ranks; throws for F and B.
 Channel channel_of(const Action& a, int n_ranks);
 
-// --schedule.
+// --schedule: the schedule kinds, one row each in kSchedules. Adding a schedule is an enumerator,
+// its row and its compute-only generator: make_schedule, make_zero_bubble_schedule (zero_bubble.h),
+// the planner (perf/planner.h) and the command line all go through the table.
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
-constexpr std::array<Named<ScheduleKind>, 3> names(ScheduleKind) {
-  return {{{ScheduleKind::kGPipe, "gpipe"},
-           {ScheduleKind::kOneFOneB, "1f1b"},
-           {ScheduleKind::kInterleaved, "interleaved"}}};
+struct ScheduleInfo {
+  ScheduleKind kind;
+  std::string_view name;  // the --schedule value
+  // false: one stage per rank (stages_per_rank 1). true: V >= 2 stages per rank (rank r runs
+  // stages r, r + R, ...) on R >= 2 ranks, with the micro-batches a multiple of R.
+  bool several_stages_per_rank;
+  // The compute-only schedule (F and B actions) of m micro-batches on R ranks x V stages per rank.
+  Schedule (*compute)(int n_microbatches, int n_ranks, int stages_per_rank);
+};
+inline constexpr std::array<ScheduleInfo, 3> kSchedules{{
+    {ScheduleKind::kGPipe, "gpipe", false,
+     [](int m, int n_ranks, int v) { return gpipe_schedule(m, n_ranks * v); }},
+    {ScheduleKind::kOneFOneB, "1f1b", false,
+     [](int m, int n_ranks, int v) { return one_f_one_b_schedule(m, n_ranks * v); }},
+    {ScheduleKind::kInterleaved, "interleaved", true, interleaved_schedule},
+}};
+// The row of `kind`; throws gpt2p::Error for a value that has none.
+const ScheduleInfo& schedule_info(ScheduleKind kind);
+
+constexpr std::array<Named<ScheduleKind>, kSchedules.size()> names(ScheduleKind) {
+  // Made at compile time: the names alone, without the generators (no link to them needed).
+  constexpr auto table = [] {
+    std::array<Named<ScheduleKind>, kSchedules.size()> out{};
+    for (size_t i = 0; i < out.size(); ++i) out[i] = {kSchedules[i].kind, kSchedules[i].name};
+    return out;
+  }();
+  return table;
 }
 inline std::string to_string(ScheduleKind kind) { return name_string(kind); }
 // The compute schedule of `kind` with communication added: what executors run, one list per rank.
-// gpipe and 1f1b take stages_per_rank 1; interleaved takes >= 2 (n_ranks * stages_per_rank stages).
+// Kinds with one stage per rank take stages_per_rank 1; the others (interleaved) take >= 2
+// (n_ranks * stages_per_rank stages).
 Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int stages_per_rank = 1);
 
 }  // namespace gpt2p::pipeline
