@@ -28,6 +28,8 @@ class FakeStage : public Stage {
   torch::Tensor empty_activation(int) override { return torch::empty({2}); }
   torch::Tensor forward(int mb, const torch::Tensor& x) override {
     log_->push_back(std::to_string(s_) + "F" + std::to_string(mb));
+    grad_mode = torch::GradMode::is_enabled();
+    input_requires_grad = x.requires_grad();
     auto y = x * w_;
     return is_last() ? y.sum() : y;
   }
@@ -43,6 +45,7 @@ class FakeStage : public Stage {
     log_->push_back(std::to_string(s_) + "W" + std::to_string(mb));
   }
   torch::Tensor w() const { return w_; }
+  bool grad_mode = false, input_requires_grad = false;  // in the last forward
 
  private:
   int s_, n_;
@@ -101,11 +104,11 @@ std::vector<std::string> expected_log(const RankActions& actions, int n_ranks) {
 // Runs `actions` as stage s of n on a fake stage and transport, expects the calls in list order,
 // and returns the step's records.
 StepTimes expect_runs_as_listed(const RankActions& actions, int s, int n, long long step,
-                                double start) {
+                                double start, Pass pass = Pass::kTraining) {
   std::vector<std::string> log;
   FakeStage stage(s, n, &log);
   FakeTransport transport(s, &log);
-  Executor exec(stage, transport, actions, s, n, torch::kCPU);
+  Executor exec(stage, transport, actions, s, n, torch::kCPU, pass);
   auto times = exec.run_step(step, start);
   EXPECT_EQ(log, expected_log(actions, n));
   return times;
@@ -241,12 +244,87 @@ TEST(Executor, RunsInterleavedStagesOfOneRank) {
   }
 }
 
-std::string run_error(const std::string& actions, int rank, int n) {
+// Forward only (evaluation): exactly the list, under no-grad, with nothing kept for a backward
+// (at most the output waiting for its SEND_F) and no gradient on the stage's weight.
+TEST(Executor, RunsForwardOnlyListsWithoutGradients) {
+  for (int n : {1, 2, 3}) {
+    for (int m : {1, 2, 3}) {
+      const auto schedule = make_forward_only_schedule(m, n);
+      for (int s = 0; s < n; ++s) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " m=" + std::to_string(m) + " stage " +
+                     std::to_string(s));
+        const auto& actions = schedule[static_cast<size_t>(s)];
+        const auto times = expect_runs_as_listed(actions, s, n, 3, 0.5, Pass::kForwardOnly);
+        ASSERT_EQ(times.actions.size(), actions.size());
+        EXPECT_EQ(times.max_live_activations, s + 1 < n ? 1 : 0);
+        EXPECT_EQ(times.backward, 0.0);
+      }
+    }
+  }
+  // Middle stage of 3 (w = 3), received activations 1: sends 3 per micro-batch, computes without
+  // autograd and leaves w without a gradient. GradMode is back on after the step.
+  std::vector<std::string> log;
+  FakeStage stage(1, 3, &log);
+  FakeTransport transport(1, &log);
+  Executor exec(stage, transport, make_forward_only_schedule(2, 3)[1], 1, 3, torch::kCPU,
+                Pass::kForwardOnly);
+  exec.run_step(0, 0.0);
+  ASSERT_EQ(transport.sent.size(), 2u);
+  for (const auto& t : transport.sent) {
+    EXPECT_TRUE(torch::equal(t, torch::full({2}, 3.0)));
+    EXPECT_FALSE(t.requires_grad());
+  }
+  EXPECT_FALSE(stage.grad_mode);
+  EXPECT_FALSE(stage.input_requires_grad);
+  EXPECT_FALSE(stage.w().grad().defined());
+  EXPECT_TRUE(torch::GradMode::is_enabled());
+  // Run again: nothing of the first run is left behind.
+  exec.run_step(1, 0.0);
+  EXPECT_EQ(transport.sent.size(), 4u);
+}
+
+TEST(Executor, RunsForwardOnlyInterleavedStagesOnTheirChannels) {
+  for (int R : {2, 3}) {
+    for (int V : {2, 3}) {
+      for (int m : {1, 2}) {
+        const int n = R * V;
+        const auto schedule = make_forward_only_schedule(m, R, V);
+        for (int r = 0; r < R; ++r) {
+          SCOPED_TRACE("R=" + std::to_string(R) + " V=" + std::to_string(V) +
+                       " m=" + std::to_string(m) + " rank " + std::to_string(r));
+          std::vector<std::string> log;
+          std::vector<std::unique_ptr<FakeStage>> owned;
+          std::vector<Stage*> stages;
+          for (int c = 0; c < V; ++c) {
+            owned.push_back(std::make_unique<FakeStage>(r + c * R, n, &log));
+            stages.push_back(owned.back().get());
+          }
+          FakeTransport transport(r, &log);
+          const auto& actions = schedule[static_cast<size_t>(r)];
+          Executor(stages, transport, actions, r, R, torch::kCPU, Pass::kForwardOnly)
+              .run_step(0, 0);
+          EXPECT_EQ(log, expected_log(actions, R));
+          std::vector<Channel> want;
+          for (const auto& a : actions) {
+            if (!a.is_compute()) want.push_back(channel_of(a, R));
+          }
+          EXPECT_EQ(transport.channels, want);
+          for (const auto c : transport.channels) {
+            EXPECT_TRUE(c == Channel::kActivations || c == Channel::kActivationsWrap);
+          }
+          for (const auto& st : owned) EXPECT_FALSE(st->w().grad().defined());
+        }
+      }
+    }
+  }
+}
+
+std::string run_error(const std::string& actions, int rank, int n, Pass pass = Pass::kTraining) {
   std::vector<std::string> log;
   FakeStage stage(rank, n, &log);
   FakeTransport transport(rank, &log);
   try {
-    Executor exec(stage, transport, parse_actions(actions), rank, n, torch::kCPU);
+    Executor exec(stage, transport, parse_actions(actions), rank, n, torch::kCPU, pass);
     exec.run_step(0, 0.0);
   } catch (const Error& e) {
     return e.what();
@@ -268,6 +346,13 @@ TEST(Executor, BrokenActionListsFailClearly) {
   EXPECT_NE(run_error("1RECV_F0<-0 1F0 1B0", 1, 2).find("1 gradient(s) never sent"),
             std::string::npos);
   EXPECT_NE(run_error("0F0 0F0", 0, 2).find("runs 0F0 twice"), std::string::npos);
+  // Forward only: no backward work, and every activation sent.
+  EXPECT_NE(run_error("1RECV_F0<-0 1F0 1B0", 1, 2, Pass::kForwardOnly)
+                .find("action 1B0 is backward work but the executor of rank 1 runs forward only"),
+            std::string::npos);
+  EXPECT_NE(run_error("0F0", 0, 2, Pass::kForwardOnly).find("1 forward(s) without backward"),
+            std::string::npos);
+  EXPECT_EQ(run_error("0F0 0SEND_F0->1", 0, 2, Pass::kForwardOnly), "no error");
 }
 
 }  // namespace

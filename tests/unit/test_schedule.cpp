@@ -403,5 +403,45 @@ TEST(Channel, WrapsOnlyWhereATransferGoesAgainstTheRankOrder) {
             std::string::npos);
 }
 
+// Forward only (evaluation): every stage's forwards in micro-batch order, with their activation
+// transfers; a rank with several stages runs them one after the other.
+TEST(ForwardOnly, OneStagePerRankForwardsInOrder) {
+  EXPECT_EQ(to_string(forward_only_schedule(3, 2)),
+            to_string(ranks({"0F0 0F1 0F2", "1F0 1F1 1F2"})));
+  const Schedule expected = ranks({
+      "0F0 0SEND_F0->1 0F1 0SEND_F1->1",
+      "1RECV_F0<-0 1F0 1SEND_F0->2 1RECV_F1<-0 1F1 1SEND_F1->2",
+      "2RECV_F0<-1 2F0 2RECV_F1<-1 2F1",
+  });
+  EXPECT_EQ(to_string(make_forward_only_schedule(2, 3)), to_string(expected));
+  EXPECT_EQ(make_forward_only_schedule(2, 1), ranks({"0F0 0F1"}));
+}
+
+TEST(ForwardOnly, InterleavedStagesRunOneAfterTheOther) {
+  EXPECT_EQ(to_string(forward_only_schedule(2, 2, 2)),
+            to_string(ranks({"0F0 0F1 2F0 2F1", "1F0 1F1 3F0 3F1"})));
+  // One micro-batch (what evaluation runs per batch) on 2 ranks x 2 stages: stage 1 hands on to
+  // stage 2, back on rank 0.
+  const Schedule expected = ranks({
+      "0F0 0SEND_F0->1 2RECV_F0<-1 2F0 2SEND_F0->3",
+      "1RECV_F0<-0 1F0 1SEND_F0->2 3RECV_F0<-2 3F0",
+  });
+  EXPECT_EQ(to_string(make_forward_only_schedule(1, 2, 2)), to_string(expected));
+  // Any number of micro-batches, unlike the interleaved training schedule.
+  EXPECT_EQ(make_forward_only_schedule(3, 2, 3)[1].size(), 3u * 3u * 3u - 3u);
+}
+
+TEST(ForwardOnly, IsNoTrainingScheduleAndRejectsEmptySizes) {
+  EXPECT_EQ(choices<ScheduleKind>(), "gpipe | 1f1b | interleaved");
+  EXPECT_NE(error_of([] { forward_only_schedule(0, 2); }).find("n_microbatches = 0 < 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { forward_only_schedule(1, 0); }).find("n_stages = 0 < 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { make_forward_only_schedule(1, 2, 0); }).find("0 stage(s) per rank"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { forward_only_schedule(1, 1, 2); }).find("2 stages on 1 rank"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace gpt2p::pipeline

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpt2p/core/error.h"
@@ -208,10 +209,18 @@ TEST(Rules, EveryChannelCarriesOneDirectionInTheSameOrderOnBothSides) {
   for (int R : {2, 3, 4}) {
     for (int V : {1, 2, 3}) {
       for (int m : {R, 2 * R, 4 * R}) {
-        std::vector<ScheduleKind> kinds{ScheduleKind::kInterleaved};
-        if (V == 1) kinds = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB};
-        for (auto kind : kinds) {
-          const Schedule s = make_schedule(kind, m, R, V);
+        std::vector<std::pair<std::string, Schedule>> schedules;
+        if (V == 1) {
+          for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+            schedules.emplace_back(to_string(kind), make_schedule(kind, m, R, V));
+          }
+        } else {
+          schedules.emplace_back("interleaved", make_schedule(ScheduleKind::kInterleaved, m, R, V));
+        }
+        // Evaluation's forward-only schedule travels the same channels.
+        schedules.emplace_back("forward-only", make_forward_only_schedule(m, R, V));
+        schedules.emplace_back("forward-only m=1", make_forward_only_schedule(1, R, V));
+        for (const auto& [name, s] : schedules) {
           // (channel, from rank, to rank) -> the transfers in posting order, per side.
           std::map<std::tuple<int, int, int>, std::vector<std::string>> sent, received;
           for (int r = 0; r < R; ++r) {
@@ -231,8 +240,8 @@ TEST(Rules, EveryChannelCarriesOneDirectionInTheSameOrderOnBothSides) {
               }
             }
           }
-          const std::string what = to_string(kind) + " R=" + std::to_string(R) +
-                                   " V=" + std::to_string(V) + " m=" + std::to_string(m);
+          const std::string what = name + " R=" + std::to_string(R) + " V=" + std::to_string(V) +
+                                   " m=" + std::to_string(m);
           EXPECT_EQ(sent, received) << what;
           for (const auto& [key, list] : sent) {
             const auto [c, from, to] = key;
@@ -371,6 +380,52 @@ TEST(Rules, OrderAndShapeViolations) {
   EXPECT_TRUE(
       mentions(validate(ranks({"0F0 0SEND_F0->1 0B0"}), 1, 1), "the last stage has no next stage"));
   EXPECT_TRUE(mentions(validate(ranks({"0F0"}), 1, 1), "micro-batch 0 backwarded 0 times"));
+}
+
+// Forward-only schedules (evaluation) of one and several stages per rank: valid as such, free of
+// deadlock with MPI's buffered sends and with pp_train's stream per direction (with one stage per
+// rank, on one stream too; stages that wrap need their own channel, as interleaved training does),
+// keeping nothing alive for a backward.
+TEST(Rules, ForwardOnlySchedulesAreValidAndNeverDeadlock) {
+  int checked = 0;
+  for (int R : {1, 2, 3, 4, 8}) {
+    for (int V : {1, 2, 3}) {
+      if (R == 1 && V > 1) continue;  // rejected: a rank sends nothing to itself
+      for (int m : {1, 2, 3, 8}) {
+        const Schedule s = make_forward_only_schedule(m, R, V);
+        const std::string what =
+            "R=" + std::to_string(R) + " V=" + std::to_string(V) + " m=" + std::to_string(m);
+        const auto v = validate(s, m, R * V, {true, true, true});
+        ASSERT_TRUE(v.empty()) << what << "\n" << joined(v);
+        std::vector<Transfers> models{Transfers::kBuffered, Transfers::kStreamPerDirection};
+        if (V == 1) models.push_back(Transfers::kOneStream);
+        for (auto transfers : models) {
+          const SimResult r = simulate(s, {}, transfers);
+          ASSERT_TRUE(r.ok) << what << " transfers " << static_cast<int>(transfers) << "\n"
+                            << r.deadlock_reason;
+          EXPECT_EQ(r.max_live_activations, std::vector<int>(static_cast<size_t>(R), 0)) << what;
+          // Every rank forwards each micro-batch once per stage it holds.
+          for (double busy : r.busy) EXPECT_EQ(busy, static_cast<double>(m * V)) << what;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 52);
+}
+
+TEST(Rules, ForwardOnlyIsNoTrainingScheduleAndHasNoBackward) {
+  // As a training schedule it lacks every backward; forward only, a backward is the violation.
+  const auto as_training = validate(make_forward_only_schedule(2, 2), 2, 2);
+  EXPECT_TRUE(mentions(as_training, "stage 0: micro-batch 0 backwarded 0 times"))
+      << joined(as_training);
+  const auto v = validate(make_schedule(ScheduleKind::kGPipe, 1, 2), 1, 2, {true, false, true});
+  EXPECT_TRUE(mentions(v, "rank 0 action #2 '0RECV_B0<-1': backward work in a forward-only"))
+      << joined(v);
+  EXPECT_TRUE(mentions(v, "rank 1 action #2 '1B0': backward work in a forward-only")) << joined(v);
+  const auto missing = validate(ranks({"0F0", "1RECV_F0<-0 1F0"}), 1, 2, {true, false, true});
+  EXPECT_TRUE(mentions(missing, "stage 0: micro-batch 0 sends its activation to the next stage 0"))
+      << joined(missing);
 }
 
 TEST(Rules, ComputeOnlyScheduleMissesItsCommunication) {

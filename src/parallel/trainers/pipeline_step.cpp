@@ -15,20 +15,20 @@
 namespace gpt2p::parallel {
 namespace {
 
-// Validation loss through the pipeline, forward only: micro-batches flow stage to stage (this
-// rank's `stages` are rank + c * ranks), the last stage sums the masked CE and broadcasts
-// (sum, count); every rank returns the same value.
-LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
-                                    comm::Communicator& comm, const data::Split& split,
-                                    int64_t max_pairs, int64_t batch_size, int64_t seq_len,
-                                    const data::SpecialTokens& special, torch::ScalarType autocast,
-                                    const StopCheck& stop) {
+// Validation loss through the pipeline, forward only: per batch, one run of `executor` (this
+// rank's part of make_forward_only_schedule of one micro-batch, the micro-batch flowing stage to
+// stage over the pipeline's transport; this rank's `stages` are rank + c * ranks). The last stage
+// sums the masked CE and broadcasts (sum, count) over `pipe`; every rank returns the same value.
+LossResult pipeline_validation_loss(
+    const std::vector<std::unique_ptr<pipeline::GptEvalStage>>& stages,
+    pipeline::Executor& executor, comm::Communicator& pipe, const data::Split& split,
+    int64_t max_pairs, int64_t batch_size, int64_t seq_len, const data::SpecialTokens& special,
+    const StopCheck& stop) {
   torch::NoGradGuard no_grad;
-  const int n = comm.size(), rank = comm.rank();
-  const int n_stages = n * static_cast<int>(stages.size());
-  const auto device = comm.device();
+  const int n = pipe.size();
+  const auto device = pipe.device();
   const int64_t total = max_pairs > 0 ? std::min(max_pairs, split.size()) : split.size();
-  double sum = 0, count = 0;
+  for (auto& stage : stages) stage->take_totals();  // drop a stopped evaluation's partial sums
   for (int64_t b = 0; b < total; b += batch_size) {
     // Every rank of every replica walks the same batches, so all ask `stop` in step.
     if (stop()) {
@@ -40,33 +40,22 @@ LossResult pipeline_validation_loss(const std::vector<model::GPT2>& stages,
     std::vector<int64_t> idx;
     for (int64_t i = b; i < std::min(total, b + batch_size); ++i) idx.push_back(i);
     const auto dev = to_device(data::make_batch(split, idx, seq_len, special), device);
-    for (size_t c = 0; c < stages.size(); ++c) {
-      auto model = stages[c];  // a handle: forward() is not const
-      const int s = rank + static_cast<int>(c) * n;
-      torch::Tensor x = dev.inputs;
-      if (s > 0) {
-        x = torch::empty({dev.inputs.size(0), seq_len, model->config().n_embd},
-                         torch::TensorOptions().dtype(torch::kFloat32).device(device));
-        comm.recv(x, pipeline::rank_of_stage(s - 1, n));
-      }
-      torch::Tensor y;
-      {
-        compat::AutocastGuard guard(device, autocast);
-        y = model->forward(x).to(torch::kFloat32);
-      }
-      if (s + 1 < n_stages) {
-        comm.send(y, pipeline::rank_of_stage(s + 1, n));
-      } else {
-        const double tokens = dev.mask.sum().item<double>();
-        if (tokens == 0) continue;
-        sum += model->lm_loss(y, dev.labels, dev.mask).item<double>() * tokens;
-        count += tokens;
-      }
-    }
+    pipeline::StageBatch batch;
+    batch.inputs = dev.inputs;
+    batch.labels = dev.labels;
+    batch.mask = dev.mask;
+    for (auto& stage : stages) stage->set_batch(batch);
+    executor.run_step(b / batch_size, 0.0);
+  }
+  double sum = 0, count = 0;
+  for (auto& stage : stages) {
+    const auto t = stage->take_totals();
+    sum += t.loss_sum;
+    count += t.tokens;
   }
   auto totals =
       torch::tensor({sum, count}, torch::TensorOptions().dtype(torch::kFloat64)).to(device);
-  if (n > 1) comm.broadcast(totals, n - 1);
+  if (n > 1) pipe.broadcast(totals, n - 1);
   totals = totals.cpu();
   LossResult r;
   r.tokens = static_cast<int64_t>(totals[1].item<double>());
@@ -129,6 +118,17 @@ class PipelineStep final : public StepStrategy {
                               : pipeline::make_schedule(cfg_.schedule, m_, n, v);
     executor_ = std::make_unique<pipeline::Executor>(
         stage_ptrs, transport_, schedule[static_cast<size_t>(rank)], rank, n, ctx.device);
+    // Evaluation: the same models forward only, one micro-batch per batch, over the same
+    // transport.
+    std::vector<pipeline::Stage*> eval_ptrs;
+    for (const auto& model : models_) {
+      eval_stages_.push_back(std::make_unique<pipeline::GptEvalStage>(model, 1, ctx.autocast));
+      eval_ptrs.push_back(eval_stages_.back().get());
+    }
+    eval_executor_ = std::make_unique<pipeline::Executor>(
+        eval_ptrs, transport_,
+        pipeline::make_forward_only_schedule(1, n, v)[static_cast<size_t>(rank)], rank, n,
+        ctx.device, pipeline::Pass::kForwardOnly);
     if (ctx.topo.rank == 0 && cfg_.zero == 1) {
       std::printf(
           "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
@@ -241,9 +241,9 @@ class PipelineStep final : public StepStrategy {
                        "the pipeline's replicas diverged: report the run with its flags");
       }
     }
-    const auto val = pipeline_validation_loss(models_, *pipe(), data_.dataset().split("validation"),
-                                              cfg_.max_eval_pairs, data_.local_batch() / m_,
-                                              cfg_.seq_len, data_.special(), ctx_.autocast, stop);
+    const auto val = pipeline_validation_loss(
+        eval_stages_, *eval_executor_, *pipe(), data_.dataset().split("validation"),
+        cfg_.max_eval_pairs, data_.local_batch() / m_, cfg_.seq_len, data_.special(), stop);
     if (val.stopped) return {val.loss, val.perplexity, std::nan(""), true};
     if (ctx_.topo.rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
@@ -298,6 +298,9 @@ class PipelineStep final : public StepStrategy {
   std::vector<std::unique_ptr<pipeline::GptStage>> stages_;
   pipeline::CommTransport transport_;
   std::unique_ptr<pipeline::Executor> executor_;
+  // Evaluation's stages over models_ and its forward-only executor.
+  std::vector<std::unique_ptr<pipeline::GptEvalStage>> eval_stages_;
+  std::unique_ptr<pipeline::Executor> eval_executor_;
   compat::DeviceClock clock_;
 };
 

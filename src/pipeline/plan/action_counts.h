@@ -20,9 +20,17 @@ inline bool has_weight_actions(const RankActions& list) {
   return std::any_of(list.begin(), list.end(), [](const Action& a) { return a.op == Op::kWeight; });
 }
 
-// The change of live activations on a rank (see has_weight_actions) when `a` runs.
-inline int live_delta(const Action& a, bool split_backward) {
-  if (a.op == Op::kForward) return 1;
+// Whether a rank's list runs forward only (make_forward_only_schedule): without a B, its F's keep
+// nothing alive for one.
+inline bool is_forward_only(const RankActions& list) {
+  return std::none_of(list.begin(), list.end(),
+                      [](const Action& a) { return a.op == Op::kBackward; });
+}
+
+// The change of live activations on a rank (see has_weight_actions, is_forward_only) when `a`
+// runs.
+inline int live_delta(const Action& a, bool split_backward, bool forward_only = false) {
+  if (a.op == Op::kForward) return forward_only ? 0 : 1;
   return a.op == (split_backward ? Op::kWeight : Op::kBackward) ? -1 : 0;
 }
 

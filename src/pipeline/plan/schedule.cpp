@@ -212,6 +212,25 @@ Schedule interleaved_schedule(int n_microbatches, int n_ranks, int stages_per_ra
   return schedule;
 }
 
+Schedule forward_only_schedule(int n_microbatches, int n_ranks, int stages_per_rank) {
+  check_sizes(n_microbatches, n_ranks, "forward_only_schedule");
+  GPT2P_CHECK(stages_per_rank >= 1,
+              "forward_only_schedule: " << stages_per_rank << " stage(s) per rank",
+              "run at least one stage per rank");
+  GPT2P_CHECK(n_ranks >= 2 || stages_per_rank == 1,
+              "forward_only_schedule: " << stages_per_rank << " stages on 1 rank",
+              "on one rank, run its layers as one stage (a rank sends nothing to itself)");
+  Schedule schedule(n_ranks);
+  for (int r = 0; r < n_ranks; ++r) {
+    for (int c = 0; c < stages_per_rank; ++c) {
+      for (int i = 0; i < n_microbatches; ++i) {
+        schedule[r].push_back({Op::kForward, r + c * n_ranks, i, -1});
+      }
+    }
+  }
+  return schedule;
+}
+
 Schedule add_communication(const Schedule& compute, int n_stages) {
   const int R = static_cast<int>(compute.size());
   GPT2P_CHECK(R >= 1 && n_stages >= R && n_stages % R == 0,
@@ -280,6 +299,11 @@ Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int s
   const ScheduleInfo& schedule = schedule_info(kind);
   detail::check_stages_per_rank(schedule, stages_per_rank);
   return add_communication(schedule.compute(n_microbatches, n_ranks, stages_per_rank),
+                           n_ranks * stages_per_rank);
+}
+
+Schedule make_forward_only_schedule(int n_microbatches, int n_ranks, int stages_per_rank) {
+  return add_communication(forward_only_schedule(n_microbatches, n_ranks, stages_per_rank),
                            n_ranks * stages_per_rank);
 }
 

@@ -16,6 +16,7 @@ namespace {
 
 using Op = Action::Op;
 using detail::has_weight_actions;
+using detail::is_forward_only;
 using detail::live_delta;
 
 // Per-stage costs of the compute actions, resolved from SimCosts.
@@ -185,13 +186,14 @@ SimResult simulate_streams(const Schedule& schedule, const ComputeCosts& cost, d
   for (int r = 0; r < n; ++r) {
     int live = 0;
     const bool split = has_weight_actions(schedule[r]);
+    const bool forward_only = is_forward_only(schedule[r]);
     for (size_t k = 0; k < pc[r]; ++k) {
       const Action& a = schedule[r][k];
       result.timings[r].push_back({post[r][k], end[r][k]});
       result.makespan = std::max(result.makespan, end[r][k]);
       if (!a.is_compute()) continue;
       result.busy[r] += end[r][k] - post[r][k];
-      live += live_delta(a, split);
+      live += live_delta(a, split, forward_only);
       result.max_live_activations[r] = std::max(result.max_live_activations[r], live);
     }
     if (pc[r] == schedule[r].size()) continue;
@@ -232,8 +234,11 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
   std::vector<size_t> pc(n, 0);
   std::vector<double> clock(n, 0.0);
   std::vector<int> live(n, 0);
-  std::vector<bool> split(n);
-  for (int r = 0; r < n; ++r) split[r] = has_weight_actions(schedule[r]);
+  std::vector<bool> split(n), forward_only(n);
+  for (int r = 0; r < n; ++r) {
+    split[r] = has_weight_actions(schedule[r]);
+    forward_only[r] = is_forward_only(schedule[r]);
+  }
   std::map<TransferKey, std::deque<double>> issued;  // send times not yet received
 
   bool progress = true;
@@ -248,7 +253,7 @@ SimResult simulate(const Schedule& schedule, const SimCosts& costs, Transfers tr
           const double d = cost.of(a);  // W: no transfer to wait for, only its place in the list
           t.end = t.start + d;
           result.busy[r] += d;
-          live[r] += live_delta(a, split[r]);
+          live[r] += live_delta(a, split[r], forward_only[r]);
           result.max_live_activations[r] = std::max(result.max_live_activations[r], live[r]);
         } else if (a.is_send()) {
           issued[transfer_key(a)].push_back(clock[r]);

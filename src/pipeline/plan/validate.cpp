@@ -60,6 +60,12 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
         report(k, a, "micro-batch out of range [0, " + std::to_string(m) + ")");
         continue;
       }
+      const bool backward_work = a.op == Op::kBackward || a.op == Op::kWeight ||
+                                 a.op == Op::kSendGrad || a.op == Op::kRecvGrad;
+      if (options.forward_only && backward_work) {
+        report(k, a, "backward work in a forward-only schedule (F and activation transfers only)");
+        continue;
+      }
       if (!a.is_compute() && !options.check_communication) continue;
       auto& seen = count[s][op_index(a.op)];
       const auto happened = [&](Op op) { return count[s][op_index(op)][mb] > 0; };
@@ -68,7 +74,7 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
           if (options.check_communication && s > 0 && !happened(Op::kRecvActivation)) {
             report(k, a, "F before its RECV_F (the input activation is not there yet)");
           }
-          ++live;
+          if (!options.forward_only) ++live;  // forward only: nothing kept for a backward
           if (options.limit_live_activations && live > live_limit) {
             report(k, a,
                    std::to_string(live) + " activations alive; 1F1B allows at most " +
@@ -127,15 +133,16 @@ std::vector<std::string> validate(const Schedule& schedule, int n_microbatches, 
     const char* what;
   };
   const bool comm = options.check_communication;
+  const bool backward = !options.forward_only;
   for (int s = 0; s < n; ++s) {
     const Rule rules[] = {
         {Op::kForward, true, "forwarded"},
-        {Op::kBackward, true, "backwarded"},
-        {Op::kWeight, split_any, "gets its weight gradients (W)"},
+        {Op::kBackward, backward, "backwarded"},
+        {Op::kWeight, backward && split_any, "gets its weight gradients (W)"},
         {Op::kSendActivation, comm && s < n - 1, "sends its activation to the next stage"},
-        {Op::kRecvGrad, comm && s < n - 1, "receives its gradient from the next stage"},
+        {Op::kRecvGrad, backward && comm && s < n - 1, "receives its gradient from the next stage"},
         {Op::kRecvActivation, comm && s > 0, "receives its activation from the previous stage"},
-        {Op::kSendGrad, comm && s > 0, "sends its gradient to the previous stage"},
+        {Op::kSendGrad, backward && comm && s > 0, "sends its gradient to the previous stage"},
     };
     for (const Rule& rule : rules) {
       if (!rule.applies) continue;

@@ -1,6 +1,7 @@
 #include "gpt2p/pipeline/runtime/executor.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "gpt2p/core/error.h"
 
@@ -24,12 +25,13 @@ comm::WorkPtr CommTransport::post(comm::P2POp& op, Channel channel) {
 }
 
 Executor::Executor(std::vector<Stage*> stages, Transport& transport, RankActions actions, int rank,
-                   int n_ranks, const torch::Device& device)
+                   int n_ranks, const torch::Device& device, Pass pass)
     : stages_(std::move(stages)),
       transport_(transport),
       actions_(std::move(actions)),
       rank_(rank),
       n_ranks_(n_ranks),
+      pass_(pass),
       clock_(device, 4 * static_cast<int>(actions_.size()) + 2) {
   GPT2P_CHECK(n_ranks_ >= 1 && rank_ >= 0 && rank_ < n_ranks_ && !stages_.empty(),
               "executor of rank " << rank_ << " of " << n_ranks_ << " with " << stages_.size()
@@ -42,6 +44,11 @@ Executor::Executor(std::vector<Stage*> stages, Transport& transport, RankActions
                           << " but the executor of rank " << rank_ << " runs " << stages_.size()
                           << " stage(s) from stage " << rank_ << " in steps of " << n_ranks_,
                 "pass make_schedule(...)[rank] to the executor of that rank");
+    GPT2P_CHECK(pass_ == Pass::kTraining || a.op == Action::Op::kForward ||
+                    a.op == Action::Op::kSendActivation || a.op == Action::Op::kRecvActivation,
+                "action " << to_string(a) << " is backward work but the executor of rank " << rank_
+                          << " runs forward only",
+                "pass make_forward_only_schedule(...)[rank] to a forward-only executor");
   }
 }
 
@@ -67,6 +74,9 @@ torch::Tensor Executor::wait_recv(std::map<Key, Pending>& pending, Key key, cons
 }
 
 StepTimes Executor::run_step(long long step, double step_start) {
+  const bool forward_only = pass_ == Pass::kForwardOnly;
+  std::optional<torch::NoGradGuard> no_grad;
+  if (forward_only) no_grad.emplace();
   next_mark_ = 0;
   const int origin = mark();
   struct Span {
@@ -135,13 +145,19 @@ StepTimes Executor::run_step(long long step, double step_start) {
           input = stage.input(a.microbatch);
         } else {
           const size_t r = recv_act.count(key) ? recv_act[key].record : 0;
-          input = wait_recv(recv_act, key, "activation", waits).requires_grad_(true);
+          input = wait_recv(recv_act, key, "activation", waits);
+          if (!forward_only) input.requires_grad_(true);
           spans[r].end = waits.back().second;
         }
         const int s = mark();
         auto output = stage.forward(a.microbatch, input);
         const int e = mark();
-        stash[key] = Stash{input, output};
+        // Forward only: the output until its SEND_F, the last stage's not at all.
+        if (!forward_only) {
+          stash[key] = Stash{input, output};
+        } else if (!stage.is_last()) {
+          stash[key] = Stash{torch::Tensor(), output};
+        }
         times.max_live_activations =
             std::max(times.max_live_activations, static_cast<int>(stash.size()));
         forward_spans.push_back(static_cast<int>(spans.size()));
@@ -153,6 +169,7 @@ StepTimes Executor::run_step(long long step, double step_start) {
         rec.bytes_sent = bytes_of(t);
         spans.push_back({0, 0});
         sends.emplace_back(post(a, t, recs.size()), t);
+        if (forward_only) stash.erase(key);  // `sends` holds it until the end of the step
         break;
       }
       case Action::Op::kBackward: {

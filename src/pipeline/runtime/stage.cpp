@@ -101,4 +101,70 @@ void GptStage::backward_weight(int mb) {
   weight_grads_->run(check_microbatch(mb));
 }
 
+GptEvalStage::GptEvalStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast)
+    : model_(std::move(model)), n_microbatches_(n_microbatches), autocast_(autocast) {
+  GPT2P_CHECK(n_microbatches_ >= 1,
+              "a stage needs at least one micro-batch, got " << n_microbatches_,
+              "pass --microbatches >= 1");
+}
+
+void GptEvalStage::set_batch(StageBatch batch) {
+  const int64_t rows = batch.inputs.size(0);
+  GPT2P_CHECK(
+      rows % n_microbatches_ == 0,
+      "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
+      "pick --microbatches dividing --batch-size");
+  micro_rows_ = rows / n_microbatches_;
+  batch_ = std::move(batch);
+}
+
+GptEvalStage::Totals GptEvalStage::take_totals() {
+  const Totals t = totals_;
+  totals_ = Totals();
+  return t;
+}
+
+int GptEvalStage::check_microbatch(int mb) const {
+  GPT2P_CHECK(
+      batch_.inputs.defined() && mb >= 0 && mb < n_microbatches_,
+      "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
+                     << (batch_.inputs.defined() ? "" : " and no batch"),
+      "call set_batch() before running a step and keep the schedule's M equal to the stage's");
+  return mb;
+}
+
+torch::Tensor GptEvalStage::rows(const torch::Tensor& t, int mb) const {
+  return t.narrow(0, check_microbatch(mb) * micro_rows_, micro_rows_);
+}
+
+torch::Tensor GptEvalStage::input(int mb) { return rows(batch_.inputs, mb); }
+
+torch::Tensor GptEvalStage::empty_activation(int mb) {
+  const auto ids = rows(batch_.inputs, mb);
+  return torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
+                      torch::TensorOptions().dtype(torch::kFloat32).device(ids.device()));
+}
+
+torch::Tensor GptEvalStage::forward(int mb, const torch::Tensor& input) {
+  torch::Tensor y;
+  {
+    compat::AutocastGuard autocast(input.device(), autocast_);
+    y = model_->forward(input).to(torch::kFloat32);  // activations travel in fp32
+  }
+  if (!is_last()) return y;
+  const auto mask = rows(batch_.mask, mb);
+  const double tokens = mask.sum().item<double>();
+  if (tokens == 0) return y;
+  totals_.loss_sum += model_->lm_loss(y, rows(batch_.labels, mb), mask).item<double>() * tokens;
+  totals_.tokens += tokens;
+  return y;
+}
+
+void GptEvalStage::backward(int mb, const torch::Tensor& /*output*/,
+                            const torch::Tensor& /*grad*/) {
+  GPT2P_FAIL(
+      "the evaluation stage runs forward only; the schedule has a B action for micro-batch " << mb,
+      "run evaluation with make_forward_only_schedule and Pass::kForwardOnly");
+}
+
 }  // namespace gpt2p::pipeline

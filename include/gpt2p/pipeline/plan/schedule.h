@@ -122,6 +122,14 @@ Schedule one_f_one_b_schedule(int n_microbatches, int n_stages);
 // is (R - 1) / V stage-times instead of 1F1B's R - 1, for up to w + 1 activations alive per rank.
 Schedule interleaved_schedule(int n_microbatches, int n_ranks, int stages_per_rank);
 
+// Forward only, for evaluation (torch.distributed.pipelining's _ScheduleForwardOnly): every stage
+// forwards micro-batches 0..m-1 in order and runs nothing else. Rank r runs its stages r, r + R,
+// ... one after the other (all m forwards of stage r, then those of stage r + R, ...), so every
+// activation channel carries its transfers in the same order on both sides, as in GPipe. Any
+// m >= 1 and R >= 1 with V >= 1 (V >= 2 only on R >= 2: a rank sends nothing to itself). Not a
+// training schedule: no row in kSchedules, no --schedule choice.
+Schedule forward_only_schedule(int n_microbatches, int n_ranks, int stages_per_rank = 1);
+
 // Inserts the point-to-point actions into a compute-only schedule of n stages on R =
 // compute.size() ranks (each transfer names the peer stage; ranks follow rank_of_stage):
 //   before F at s > 0:      RECV_F from s-1      after F at s < n-1:  SEND_F to s+1
@@ -178,5 +186,8 @@ inline std::string to_string(ScheduleKind kind) { return name_string(kind); }
 // Kinds with one stage per rank take stages_per_rank 1; the others (interleaved) take >= 2
 // (n_ranks * stages_per_rank stages).
 Schedule make_schedule(ScheduleKind kind, int n_microbatches, int n_ranks, int stages_per_rank = 1);
+// forward_only_schedule with communication (RECV_F before each F past stage 0, SEND_F after each F
+// before the last stage): what an executor runs forward only (executor.h, Pass::kForwardOnly).
+Schedule make_forward_only_schedule(int n_microbatches, int n_ranks, int stages_per_rank = 1);
 
 }  // namespace gpt2p::pipeline

@@ -54,7 +54,8 @@ struct SimResult {
   double bubble_fraction = 0.0;
   std::vector<double> busy;  // per rank: time spent in F, B and W
   // per rank: max (#F done - #B done) over its list; with W actions, #F done - #W done (the
-  // inputs a deferred W still needs stay alive until it runs)
+  // inputs a deferred W still needs stay alive until it runs); 0 for a list without B (forward
+  // only: its F's keep nothing for a backward)
   std::vector<int> max_live_activations;
   // Per rank, per executed action (parallel to the schedule; shorter lists on deadlock).
   std::vector<std::vector<ActionTiming>> timings;
@@ -70,12 +71,16 @@ struct ValidateOptions {
   bool check_communication = true;
   // 1F1B's memory rule: at most min(m, n - s) activations alive on stage s.
   bool limit_live_activations = false;
+  // A forward-only schedule (make_forward_only_schedule): every micro-batch forwarded once per
+  // stage, with its activation transfers, and no B, W, SEND_B or RECV_B at all.
+  bool forward_only = false;
 };
 
 // Checks a schedule for m micro-batches on n stages and returns every violation found, one
 // human-readable line each (empty = valid):
 //  * n lists; every action of list r has stage r, micro-batch in [0, m), peer -1 for F/B;
-//  * every micro-batch is forwarded and backwarded exactly once per stage, F before B;
+//  * every micro-batch is forwarded and backwarded exactly once per stage, F before B (with
+//    forward_only: forwarded exactly once, and no backward work);
 //  * W actions (split backwards): either none at all, or exactly one per B, after that B on the
 //    same stage;
 //  * with communication: sends and receives go to the adjacent stage in the right direction

@@ -10,6 +10,9 @@
 //                    waited for at the end of the step (their buffers stay alive until then)
 //   B                loss.backward() on the last stage, backward({output}, {grad}) elsewhere;
 //                    gradients accumulate over the micro-batches
+// A forward-only list (make_forward_only_schedule, Pass::kForwardOnly: evaluation) runs under
+// torch::NoGradGuard: F's input is not marked requires_grad and nothing is kept for a backward,
+// only the output until its SEND_F has been posted (the last stage's not at all).
 // Transfers go through a Transport, so tests can run a stage with a recording fake and no MPI.
 // Channels: NCCL queues point-to-point calls on a communicator's one stream, each waiting there for
 // its partner, so activations and gradients sharing a stream can deadlock (1F1B: stage 0 sends
@@ -68,17 +71,21 @@ struct StepTimes {
   std::vector<io::ActionRecord> actions;
 };
 
+// What a list is run for: a training step (F, B, maybe W, transfers both ways), or forward only
+// (F, SEND_F and RECV_F alone; see above).
+enum class Pass { kTraining, kForwardOnly };
+
 class Executor {
  public:
   // `stages[c]` runs stage rank + c * n_ranks; `actions` must be this rank's list (every action's
-  // stage one of those).
+  // stage one of those; with Pass::kForwardOnly, no B, W, SEND_B or RECV_B).
   Executor(std::vector<Stage*> stages, Transport& transport, RankActions actions, int rank,
-           int n_ranks, const torch::Device& device);
+           int n_ranks, const torch::Device& device, Pass pass = Pass::kTraining);
   // One stage per rank: stage `rank` of n_ranks.
   Executor(Stage& stage, Transport& transport, RankActions actions, int rank, int n_ranks,
-           const torch::Device& device)
-      : Executor(std::vector<Stage*>{&stage}, transport, std::move(actions), rank, n_ranks,
-                 device) {}
+           const torch::Device& device, Pass pass = Pass::kTraining)
+      : Executor(std::vector<Stage*>{&stage}, transport, std::move(actions), rank, n_ranks, device,
+                 pass) {}
 
   // Runs the list once. Action records get `step` and times in seconds since the run started,
   // given that the step started `step_start` seconds after it (host clock).
@@ -106,6 +113,7 @@ class Executor {
   RankActions actions_;
   int rank_;
   int n_ranks_;
+  Pass pass_;
   compat::DeviceClock clock_;
   int next_mark_ = 0;
 };

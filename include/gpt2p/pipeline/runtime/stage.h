@@ -3,7 +3,8 @@
 // with requires_grad and the output, per micro-batch); a Stage only computes.
 //
 // GptStage is the real one: a GPT2 built for a layer range, the step's batch cut into
-// micro-batches, and on the last stage the loss. The free functions below finish a pipeline step:
+// micro-batches, and on the last stage the loss. GptEvalStage runs the same model forward only,
+// for the validation loss. The free functions below finish a pipeline step:
 // the tied embedding/head gradient shared by the first and last stage, and clipping by the global
 // norm.
 #pragma once
@@ -96,6 +97,46 @@ class GptStage : public Stage {
   std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
   std::function<void()> last_backward_hook_;
   int backwards_ = 0;  // this step's backward calls so far
+};
+
+// Evaluation through the pipeline, forward only (Executor with Pass::kForwardOnly): the batch cut
+// into micro-batches as GptStage does, each stage's output handed on in fp32. The last stage runs
+// its whole range, head included, under autocast and takes model::lm_loss of the fp32 logits
+// outside it, as evaluating one whole model does; it adds each micro-batch's mean times its target
+// count (micro-batches without targets add nothing) and the count, in double.
+class GptEvalStage : public Stage {
+ public:
+  // `autocast` as for GptStage.
+  GptEvalStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast);
+
+  // Uses the batch's inputs, labels and mask.
+  void set_batch(StageBatch batch);
+  struct Totals {
+    double loss_sum = 0;  // sum over the micro-batches of masked mean CE x target count
+    double tokens = 0;    // target count
+  };
+  // Last stage: the totals since the last call, and resets them. Other stages: zeros.
+  Totals take_totals();
+
+  bool is_first() const override { return model_->has_embedding(); }
+  bool is_last() const override { return model_->has_head(); }
+  torch::Tensor input(int mb) override;
+  torch::Tensor empty_activation(int mb) override;
+  // Non-last stages: the activation; the last stage: the fp32 logits (after adding to the totals).
+  torch::Tensor forward(int mb, const torch::Tensor& input) override;
+  // Throws: evaluation computes no gradients.
+  void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) override;
+
+ private:
+  int check_microbatch(int mb) const;
+  torch::Tensor rows(const torch::Tensor& t, int mb) const;
+
+  model::GPT2 model_;
+  int n_microbatches_;
+  torch::ScalarType autocast_;
+  StageBatch batch_;
+  int64_t micro_rows_ = 0;
+  Totals totals_;
 };
 
 }  // namespace gpt2p::pipeline
