@@ -14,15 +14,47 @@ void Stage::backward_weight(int mb) {
              "run W actions only on stages built with split_backward");
 }
 
-GptStage::GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast,
-                   model::LossPositions positions, bool split_backward)
-    : model_(std::move(model)),
-      n_microbatches_(n_microbatches),
-      autocast_(autocast),
-      positions_(positions) {
+GptStageBase::GptStageBase(model::GPT2 model, int n_microbatches, torch::ScalarType autocast)
+    : model_(std::move(model)), n_microbatches_(n_microbatches), autocast_(autocast) {
   GPT2P_CHECK(n_microbatches_ >= 1,
               "a stage needs at least one micro-batch, got " << n_microbatches_,
               "pass --microbatches >= 1");
+}
+
+void GptStageBase::store_batch(StageBatch batch) {
+  const int64_t rows = batch.inputs.size(0);
+  GPT2P_CHECK(
+      rows % n_microbatches_ == 0,
+      "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
+      "pick --microbatches dividing --batch-size");
+  micro_rows_ = rows / n_microbatches_;
+  batch_ = std::move(batch);
+}
+
+int GptStageBase::check_microbatch(int mb) const {
+  GPT2P_CHECK(
+      batch_.inputs.defined() && mb >= 0 && mb < n_microbatches_,
+      "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
+                     << (batch_.inputs.defined() ? "" : " and no batch"),
+      "call set_batch() before running a step and keep the schedule's M equal to the stage's");
+  return mb;
+}
+
+torch::Tensor GptStageBase::rows(const torch::Tensor& t, int mb) const {
+  return t.narrow(0, check_microbatch(mb) * micro_rows_, micro_rows_);
+}
+
+torch::Tensor GptStageBase::input(int mb) { return rows(batch_.inputs, mb); }
+
+torch::Tensor GptStageBase::empty_activation(int mb) {
+  const auto ids = rows(batch_.inputs, mb);
+  return torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
+                      torch::TensorOptions().dtype(torch::kFloat32).device(ids.device()));
+}
+
+GptStage::GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast,
+                   model::LossPositions positions, bool split_backward)
+    : GptStageBase(std::move(model), n_microbatches, autocast), positions_(positions) {
   if (split_backward) {
     weight_grads_ = std::make_shared<model::WeightGradStore>();
     model_->set_weight_grad_store(weight_grads_);
@@ -31,13 +63,7 @@ GptStage::GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType auto
 
 void GptStage::set_batch(StageBatch batch) {
   backwards_ = 0;
-  const int64_t rows = batch.inputs.size(0);
-  GPT2P_CHECK(
-      rows % n_microbatches_ == 0,
-      "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
-      "pick --microbatches dividing --batch-size");
-  micro_rows_ = rows / n_microbatches_;
-  batch_ = std::move(batch);
+  store_batch(std::move(batch));
   if (is_last()) {
     const double scale =
         batch_.loss_scale / static_cast<double>(std::max<int64_t>(1, batch_.global_target_tokens));
@@ -52,27 +78,6 @@ double GptStage::take_loss() {
   const double v = loss_sum_.item<double>() / batch_.loss_scale;
   loss_sum_ = torch::Tensor();
   return v;
-}
-
-int GptStage::check_microbatch(int mb) const {
-  GPT2P_CHECK(
-      batch_.inputs.defined() && mb >= 0 && mb < n_microbatches_,
-      "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
-                     << (batch_.inputs.defined() ? "" : " and no batch"),
-      "call set_batch() before running a step and keep the schedule's M equal to the stage's");
-  return mb;
-}
-
-torch::Tensor GptStage::rows(const torch::Tensor& t, int mb) const {
-  return t.narrow(0, check_microbatch(mb) * micro_rows_, micro_rows_);
-}
-
-torch::Tensor GptStage::input(int mb) { return rows(batch_.inputs, mb); }
-
-torch::Tensor GptStage::empty_activation(int mb) {
-  const auto ids = rows(batch_.inputs, mb);
-  return torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
-                      torch::TensorOptions().dtype(torch::kFloat32).device(ids.device()));
 }
 
 torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
@@ -102,47 +107,14 @@ void GptStage::backward_weight(int mb) {
 }
 
 GptEvalStage::GptEvalStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast)
-    : model_(std::move(model)), n_microbatches_(n_microbatches), autocast_(autocast) {
-  GPT2P_CHECK(n_microbatches_ >= 1,
-              "a stage needs at least one micro-batch, got " << n_microbatches_,
-              "pass --microbatches >= 1");
-}
+    : GptStageBase(std::move(model), n_microbatches, autocast) {}
 
-void GptEvalStage::set_batch(StageBatch batch) {
-  const int64_t rows = batch.inputs.size(0);
-  GPT2P_CHECK(
-      rows % n_microbatches_ == 0,
-      "batch of " << rows << " rows does not split into " << n_microbatches_ << " micro-batches",
-      "pick --microbatches dividing --batch-size");
-  micro_rows_ = rows / n_microbatches_;
-  batch_ = std::move(batch);
-}
+void GptEvalStage::set_batch(StageBatch batch) { store_batch(std::move(batch)); }
 
 GptEvalStage::Totals GptEvalStage::take_totals() {
   const Totals t = totals_;
   totals_ = Totals();
   return t;
-}
-
-int GptEvalStage::check_microbatch(int mb) const {
-  GPT2P_CHECK(
-      batch_.inputs.defined() && mb >= 0 && mb < n_microbatches_,
-      "micro-batch " << mb << " requested but the stage has " << n_microbatches_ << " micro-batches"
-                     << (batch_.inputs.defined() ? "" : " and no batch"),
-      "call set_batch() before running a step and keep the schedule's M equal to the stage's");
-  return mb;
-}
-
-torch::Tensor GptEvalStage::rows(const torch::Tensor& t, int mb) const {
-  return t.narrow(0, check_microbatch(mb) * micro_rows_, micro_rows_);
-}
-
-torch::Tensor GptEvalStage::input(int mb) { return rows(batch_.inputs, mb); }
-
-torch::Tensor GptEvalStage::empty_activation(int mb) {
-  const auto ids = rows(batch_.inputs, mb);
-  return torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
-                      torch::TensorOptions().dtype(torch::kFloat32).device(ids.device()));
 }
 
 torch::Tensor GptEvalStage::forward(int mb, const torch::Tensor& input) {

@@ -52,7 +52,33 @@ struct StageBatch {
   double loss_scale = 1.0;
 };
 
-class GptStage : public Stage {
+// What a GPT-2 stage of either pass shares: its model (a layer range), the step's batch cut into
+// n_microbatches row blocks, the first stage's inputs and the shape of what it receives.
+class GptStageBase : public Stage {
+ public:
+  bool is_first() const override { return model_->has_embedding(); }
+  bool is_last() const override { return model_->has_head(); }
+  torch::Tensor input(int mb) override;
+  torch::Tensor empty_activation(int mb) override;
+
+ protected:
+  // `autocast`: the type forward autocasts to (model::autocast_type; torch::kFloat32 for none).
+  GptStageBase(model::GPT2 model, int n_microbatches, torch::ScalarType autocast);
+  // Keeps `batch` after checking that its rows split into the micro-batches.
+  void store_batch(StageBatch batch);
+  // mb, after checking that a batch is set and holds it (throws otherwise).
+  int check_microbatch(int mb) const;
+  // Micro-batch mb's rows of t.
+  torch::Tensor rows(const torch::Tensor& t, int mb) const;
+
+  model::GPT2 model_;
+  int n_microbatches_;
+  torch::ScalarType autocast_;
+  StageBatch batch_;
+  int64_t micro_rows_ = 0;
+};
+
+class GptStage : public GptStageBase {
  public:
   // `model` holds this stage's layer range; the step's batch is cut into n_microbatches row blocks.
   // The last stage computes the head at `positions` (lm_head_loss.h). `autocast`: the type
@@ -73,26 +99,13 @@ class GptStage : public Stage {
   // resets it. Other stages: 0.
   double take_loss();
 
-  bool is_first() const override { return model_->has_embedding(); }
-  bool is_last() const override { return model_->has_head(); }
-  torch::Tensor input(int mb) override;
-  torch::Tensor empty_activation(int mb) override;
   torch::Tensor forward(int mb, const torch::Tensor& input) override;
   void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) override;
   void backward_weight(int mb) override;
 
  private:
-  // mb, after checking that a batch is set and holds it (throws otherwise).
-  int check_microbatch(int mb) const;
-  torch::Tensor rows(const torch::Tensor& t, int mb) const;
-
-  model::GPT2 model_;
-  int n_microbatches_;
-  torch::ScalarType autocast_;
   model::LossPositions positions_;
-  StageBatch batch_;
   std::vector<model::LossRows> loss_rows_;  // last stage: per micro-batch
-  int64_t micro_rows_ = 0;
   torch::Tensor loss_sum_;
   std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
   std::function<void()> last_backward_hook_;
@@ -104,7 +117,7 @@ class GptStage : public Stage {
 // its whole range, head included, under autocast and takes model::lm_loss of the fp32 logits
 // outside it, as evaluating one whole model does; it adds each micro-batch's mean times its target
 // count (micro-batches without targets add nothing) and the count, in double.
-class GptEvalStage : public Stage {
+class GptEvalStage : public GptStageBase {
  public:
   // `autocast` as for GptStage.
   GptEvalStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast);
@@ -118,24 +131,12 @@ class GptEvalStage : public Stage {
   // Last stage: the totals since the last call, and resets them. Other stages: zeros.
   Totals take_totals();
 
-  bool is_first() const override { return model_->has_embedding(); }
-  bool is_last() const override { return model_->has_head(); }
-  torch::Tensor input(int mb) override;
-  torch::Tensor empty_activation(int mb) override;
   // Non-last stages: the activation; the last stage: the fp32 logits (after adding to the totals).
   torch::Tensor forward(int mb, const torch::Tensor& input) override;
   // Throws: evaluation computes no gradients.
   void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) override;
 
  private:
-  int check_microbatch(int mb) const;
-  torch::Tensor rows(const torch::Tensor& t, int mb) const;
-
-  model::GPT2 model_;
-  int n_microbatches_;
-  torch::ScalarType autocast_;
-  StageBatch batch_;
-  int64_t micro_rows_ = 0;
   Totals totals_;
 };
 
