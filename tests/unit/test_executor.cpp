@@ -83,6 +83,18 @@ class FakeTransport : public Transport {
 };
 
 // What the fake log should read for an action list on n_ranks ranks (transfers name peer ranks).
+// Rank r's V fake stages of n (r, r + R, ...: interleaved), logging into `log`; `owned` keeps
+// them alive.
+std::vector<Stage*> rank_stages(int r, int R, int V, int n, std::vector<std::string>* log,
+                                std::vector<std::unique_ptr<FakeStage>>& owned) {
+  std::vector<Stage*> stages;
+  for (int c = 0; c < V; ++c) {
+    owned.push_back(std::make_unique<FakeStage>(r + c * R, n, log));
+    stages.push_back(owned.back().get());
+  }
+  return stages;
+}
+
 std::vector<std::string> expected_log(const RankActions& actions, int n_ranks) {
   std::vector<std::string> out;
   for (const auto& a : actions) {
@@ -221,11 +233,7 @@ TEST(Executor, RunsInterleavedStagesOfOneRank) {
                      std::to_string(r));
         std::vector<std::string> log;
         std::vector<std::unique_ptr<FakeStage>> owned;
-        std::vector<Stage*> stages;
-        for (int c = 0; c < V; ++c) {
-          owned.push_back(std::make_unique<FakeStage>(r + c * R, n, &log));
-          stages.push_back(owned.back().get());
-        }
+        const auto stages = rank_stages(r, R, V, n, &log, owned);
         FakeTransport transport(r, &log);
         const auto& actions = schedule[static_cast<size_t>(r)];
         const auto times = Executor(stages, transport, actions, r, R, torch::kCPU).run_step(0, 0);
@@ -294,11 +302,7 @@ TEST(Executor, RunsForwardOnlyInterleavedStagesOnTheirChannels) {
                        " m=" + std::to_string(m) + " rank " + std::to_string(r));
           std::vector<std::string> log;
           std::vector<std::unique_ptr<FakeStage>> owned;
-          std::vector<Stage*> stages;
-          for (int c = 0; c < V; ++c) {
-            owned.push_back(std::make_unique<FakeStage>(r + c * R, n, &log));
-            stages.push_back(owned.back().get());
-          }
+          const auto stages = rank_stages(r, R, V, n, &log, owned);
           FakeTransport transport(r, &log);
           const auto& actions = schedule[static_cast<size_t>(r)];
           Executor(stages, transport, actions, r, R, torch::kCPU, Pass::kForwardOnly)
