@@ -1,23 +1,362 @@
 #include "gpt2p/cli/options.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
 
 namespace gpt2p::cli {
 
+namespace {
+
+// Every flag written out in full: Boost's default guesses a flag from a unique prefix, which takes
+// a misspelled --epoch for --epochs without a word. Short flags (-h) and the other defaults stay.
+constexpr int kStyle =
+    po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+
+const char* const kConfigHelp =
+    "read flags from FILE: one 'name = value' a line, name a long flag without the dashes "
+    "('batch-size = 32', a switch as 'overwrite = true'), '#' starts a comment; a flag on the "
+    "command line wins over the file's line";
+
+// The whitespace Boost trims from both ends of a config file's names and values.
+bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+std::string trim(const std::string& s) {
+  size_t begin = 0;
+  size_t end = s.size();
+  while (begin < end && is_blank(s[begin])) ++begin;
+  while (end > begin && is_blank(s[end - 1])) --end;
+  return s.substr(begin, end - begin);
+}
+
+// The long names of `desc`'s options, in the order they were declared.
+std::vector<std::string> long_names(const po::options_description& desc) {
+  std::vector<std::string> names;
+  for (const auto& d : desc.options()) {
+    if (!d->long_name().empty()) names.push_back(d->long_name());
+  }
+  return names;
+}
+
+const po::option_description* find_long(const po::options_description& desc,
+                                        const std::string& name) {
+  for (const auto& d : desc.options()) {
+    if (d->long_name() == name) return d.get();
+  }
+  return nullptr;
+}
+
+// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
+// two neighbouring characters, each costing 1.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// A word as a long name would spell it: no leading dashes, lower case, '-' for '_' and spaces.
+std::string as_flag_name(const std::string& word) {
+  std::string out = word.substr(std::min(word.find_first_not_of('-'), word.size()));
+  for (char& c : out) {
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (c == '_' || c == ' ') c = '-';
+  }
+  return out;
+}
+
+// The names closest to `word`, at most 3: the name it spells with other dashes, underscores or
+// case; else the nearest names within a few edits (more for longer words); else the names it
+// begins (--max for --max-steps, as prefix guessing took it); else the names it begins with
+// (--output for --out).
+std::vector<std::string> closest(const std::string& word, const std::vector<std::string>& names) {
+  const std::string w = as_flag_name(word);
+  if (w.size() < 2) return {};
+  for (const auto& name : names) {
+    if (name == w) return {name};
+  }
+  const size_t limit = w.size() <= 4 ? 1 : w.size() <= 8 ? 2 : 3;
+  size_t best = limit + 1;
+  std::vector<std::string> out;
+  for (const auto& name : names) {
+    const size_t d = edit_distance(w, name);
+    if (d > limit || d > best || d >= name.size()) continue;  // d >= size: nothing is left
+    if (d < best) out.clear();
+    best = d;
+    out.push_back(name);
+  }
+  if (out.empty() && w.size() >= 3) {
+    for (const auto& name : names) {
+      if (name.compare(0, w.size(), w) == 0) out.push_back(name);
+    }
+  }
+  if (out.empty()) {  // --output, --lr-rate: a flag and more
+    for (const auto& name : names) {
+      if (name.size() >= 2 && w.compare(0, name.size(), name) == 0) out.push_back(name);
+    }
+  }
+  if (out.size() > 3) out.resize(3);
+  return out;
+}
+
+// ": did you mean --a, --b or --c?" (`prefix` before each name), or "" when nothing is close.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names,
+                         const std::string& prefix) {
+  const auto near = closest(word, names);
+  if (near.empty()) return "";
+  std::string out = ": did you mean ";
+  for (size_t i = 0; i < near.size(); ++i) {
+    if (i > 0) out += i + 1 == near.size() ? " or " : ", ";
+    out += prefix + near[i];
+  }
+  return out + "?";
+}
+
+std::string help_hint(const std::string& program) {
+  return " (run '" + program + " --help' for the flags)";
+}
+
+// What --config names: its path, and the line each key is on.
+struct ConfigFile {
+  std::string path;
+  std::map<std::string, int> line_of;
+
+  std::string where(const std::string& key) const {
+    const auto it = line_of.find(key);
+    return "config file '" + path + "'" +
+           (it == line_of.end() ? "" : ", line " + std::to_string(it->second));
+  }
+};
+
+std::string read_config_text(const std::string& path) {
+  const auto fail = [&path](const char* what, int err) {
+    return UsageError("--config '" + path + "': cannot " + what + " it (" + std::strerror(err) +
+                      "): pass a readable file of 'name = value' lines");
+  };
+  errno = 0;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw fail("open", errno);
+  std::string text;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const int err = errno;
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) throw fail("read", err);
+  return text;
+}
+
+// Checks every line of a config file the way Boost reads it ('#' to the end of the line is a
+// comment; blank lines are skipped; other lines are `name = value`), refusing what Boost would
+// take silently or report without a line: sections, keys that are not long flags (with the
+// closest ones), config and help, a key set twice. Records the line of each key.
+void scan_config_text(const std::string& text, const std::string& program,
+                      const po::options_description& desc, ConfigFile& file) {
+  const auto names = long_names(desc);
+  std::vector<std::string> settable;
+  for (const auto& name : names) {
+    if (name != "help" && name != "config") settable.push_back(name);
+  }
+  std::istringstream in(text);
+  std::string raw;
+  for (int line_no = 1; std::getline(in, raw); ++line_no) {
+    const std::string at =
+        "config file '" + file.path + "', line " + std::to_string(line_no) + ": ";
+    const std::string line = trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    if (line.front() == '[' && line.back() == ']') {
+      throw UsageError(at + "sections such as '" + line +
+                       "' are not read: write the flags as 'name = value' lines without one");
+    }
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) {
+      const size_t gap = line.find_first_of(" \t");
+      const std::string fix = gap == std::string::npos ? as_flag_name(line) + " = VALUE"
+                                                       : as_flag_name(line.substr(0, gap)) + " = " +
+                                                             trim(line.substr(gap));
+      throw UsageError(at + "'" + line + "' is not a 'name = value' line: write it as '" + fix +
+                       "'");
+    }
+    const std::string key = trim(line.substr(0, eq));
+    if (key.empty()) {
+      throw UsageError(at + "'" + line + "' has no name before '=': write 'name = value'");
+    }
+    if (key == "config") {
+      throw UsageError(at +
+                       "a config file cannot name another (config = ...): remove the line "
+                       "and pass one file with --config");
+    }
+    if (key == "help") {
+      throw UsageError(at + "help cannot be set in a config file: remove the line (run '" +
+                       program + " --help' instead)");
+    }
+    if (find_long(desc, key) == nullptr) {
+      throw UsageError(at + "unknown key '" + key + "'" + did_you_mean(key, settable, "") +
+                       " (keys are the long flags of '" + program + " --help' without the dashes)");
+    }
+    const auto [it, fresh] = file.line_of.emplace(key, line_no);
+    if (!fresh) {
+      throw UsageError(at + "'" + key + "' is already set on line " + std::to_string(it->second) +
+                       ": keep one of the two lines");
+    }
+  }
+}
+
+// Stores the file's values under those of the command line (stored first, so they win: Boost
+// keeps an option's first stored value), one option at a time so that an error names its line.
+void store_config_file(const std::string& program, const po::options_description& desc,
+                       po::variables_map& vm, ConfigFile& file) {
+  const std::string text = read_config_text(file.path);
+  scan_config_text(text, program, desc, file);
+  std::istringstream in(text);
+  po::parsed_options parsed(&desc);
+  try {
+    parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/false);
+  } catch (const po::error& e) {
+    throw UsageError("config file '" + file.path + "': " + e.what() +
+                     ": write one 'name = value' a line" + help_hint(program));
+  }
+  for (const auto& option : parsed.options) {
+    po::parsed_options one(&desc);
+    one.options.push_back(option);
+    try {
+      po::store(one, vm);
+    } catch (const po::error& e) {
+      const std::string value = option.value.empty() ? "" : option.value.front();
+      throw UsageError(file.where(option.string_key) + ": " + option.string_key + " = " + value +
+                       ": " + e.what() + help_hint(program));
+    }
+  }
+}
+
+// po::notify, one option at a time: an error from a value the config file set names its line.
+void notify(const std::string& program, const po::options_description& desc, po::variables_map& vm,
+            const std::set<std::string>& on_command_line, const ConfigFile& file) {
+  for (const auto& d : desc.options()) {
+    const auto it = vm.find(d->long_name());
+    if (d->semantic()->is_required() && (it == vm.end() || it->second.empty())) {
+      const std::string line = file.path.empty() ? ""
+                                                 : " (pass it, or a '" + d->long_name() +
+                                                       " = ...' line in '" + file.path + "')";
+      throw UsageError(po::required_option("--" + d->long_name()).what() + line +
+                       help_hint(program));
+    }
+  }
+  for (auto& [name, value] : vm) {
+    const po::option_description* d = find_long(desc, name);
+    if (d == nullptr) continue;
+    const bool from_file = file.line_of.count(name) != 0U && on_command_line.count(name) == 0U;
+    try {
+      d->semantic()->notify(value.value());
+    } catch (const po::error& e) {
+      throw UsageError((from_file ? file.where(name) + ": " : "") + e.what() + help_hint(program));
+    } catch (const UsageError& e) {
+      if (!from_file) throw;
+      throw UsageError(file.where(name) + ": " + e.what());
+    }
+  }
+}
+
+// "unrecognised option '--epoch': did you mean --epochs?"
+std::string unknown_flag(const std::string& token, const po::options_description& desc) {
+  const std::string flag = token.substr(0, token.find('='));  // --epoch=3: the flag is --epoch
+  return "unrecognised option '" + flag + "'" + did_you_mean(flag, long_names(desc), "--");
+}
+
+}  // namespace
+
 bool parse_or_help(const std::string& program, const std::string& summary,
                    po::options_description& desc, int argc, char** argv, po::variables_map& vm) {
-  desc.add_options()("help,h", "print this help and exit");
+  desc.add_options()("help,h", "print this help and exit")(
+      "config", po::value<std::string>()->value_name("FILE"), kConfigHelp);
+  std::set<std::string> on_command_line;
   try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    if (vm.count("help") != 0U) {
-      std::cout << "usage: " << program << " [options]\n" << summary << "\n\n" << desc << "\n";
-      return false;
+    const auto parsed = po::command_line_parser(argc, argv).options(desc).style(kStyle).run();
+    for (const auto& option : parsed.options) on_command_line.insert(option.string_key);
+    po::store(parsed, vm);
+  } catch (const po::unknown_option& e) {
+    throw UsageError(unknown_flag(e.get_option_name(), desc) + help_hint(program));
+  } catch (const po::multiple_occurrences& e) {
+    if (e.get_option_name() == "--config") {
+      throw UsageError(
+          "--config is given more than once: pass one config file (flags on the "
+          "command line override its lines)");
     }
-    po::notify(vm);
+    throw UsageError(std::string(e.what()) + help_hint(program));
   } catch (const po::error& e) {
-    throw UsageError(std::string(e.what()) + " (run '" + program + " --help' for the flags)");
+    throw UsageError(std::string(e.what()) + help_hint(program));
   }
+  if (vm.count("help") != 0U) {
+    std::cout << "usage: " << program << " [options]\n" << summary << "\n\n" << desc << "\n";
+    return false;
+  }
+  ConfigFile file;
+  if (vm.count("config") != 0U) {
+    file.path = vm["config"].as<std::string>();
+    store_config_file(program, desc, vm, file);
+  }
+  notify(program, desc, vm, on_command_line, file);
   return true;
+}
+
+std::string to_config_file(const ConfigEntries& entries, const po::options_description& desc,
+                           const std::string& comment) {
+  std::ostringstream out;
+  if (!comment.empty()) {
+    std::istringstream lines(comment);
+    std::string line;
+    while (std::getline(lines, line)) out << (line.empty() ? "#" : "# " + line) << "\n";
+  }
+  std::set<std::string> seen;
+  for (const auto& [name, value] : entries) {
+    const auto refuse = [&](const std::string& why) {
+      throw std::invalid_argument("to_config_file: '" + name + " = " + value + "': " + why);
+    };
+    const po::option_description* d = find_long(desc, name);
+    if (name == "help" || name == "config") refuse("a config file does not set " + name);
+    if (d == nullptr) refuse("'" + name + "' is not a long flag of these options");
+    if (!seen.insert(name).second) refuse("'" + name + "' is given twice");
+    if (value.find_first_of("#\r\n") != std::string::npos) {
+      refuse("a '#' or a line break would not read back from a config file");
+    }
+    if (!value.empty() && (is_blank(value.front()) || is_blank(value.back()))) {
+      refuse("spaces at either end of a value are dropped when it is read back");
+    }
+    boost::any parsed;
+    try {
+      d->semantic()->parse(parsed, {value}, /*utf8=*/true);
+    } catch (const po::error& e) {
+      refuse(std::string("the flag does not take this value: ") + e.what());
+    }
+    out << name << " = " << value << "\n";
+  }
+  return out.str();
+}
+
+std::string config_value(double v) {
+  char buf[40];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
 }
 
 }  // namespace gpt2p::cli
