@@ -280,6 +280,23 @@ std::string unknown_flag(const std::string& token, const po::options_description
   return "unrecognised option '" + flag + "'" + did_you_mean(flag, long_names(desc), "--");
 }
 
+// A word on the command line that no flag takes, which Boost would drop without a word: a value
+// given to a switch (--overwrite false turns it on) or a second value (--epochs 1 2).
+std::string stray_word(const std::string& word, int argc, char** argv,
+                       const po::options_description& desc) {
+  for (int i = 2; i < argc; ++i) {
+    if (word != argv[i]) continue;
+    const std::string before = argv[i - 1];
+    const auto* d = before.rfind("--", 0) == 0 ? find_long(desc, before.substr(2)) : nullptr;
+    if (d != nullptr && d->semantic()->max_tokens() == 0) {
+      return before + " is a switch and takes no value: drop '" + word +
+             "' (a switch is off unless given; turn off one a config file sets in the file)";
+    }
+    break;
+  }
+  return "unexpected argument '" + word + "': a value follows its flag, as --name VALUE";
+}
+
 }  // namespace
 
 bool parse_or_help(const std::string& program, const std::string& summary,
@@ -289,7 +306,13 @@ bool parse_or_help(const std::string& program, const std::string& summary,
   std::set<std::string> on_command_line;
   try {
     const auto parsed = po::command_line_parser(argc, argv).options(desc).style(kStyle).run();
-    for (const auto& option : parsed.options) on_command_line.insert(option.string_key);
+    for (const auto& option : parsed.options) {
+      if (option.string_key.empty()) {
+        const std::string word = option.value.empty() ? "" : option.value.front();
+        throw UsageError(stray_word(word, argc, argv, desc) + help_hint(program));
+      }
+      on_command_line.insert(option.string_key);
+    }
     po::store(parsed, vm);
   } catch (const po::unknown_option& e) {
     throw UsageError(unknown_flag(e.get_option_name(), desc) + help_hint(program));

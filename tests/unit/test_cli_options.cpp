@@ -147,6 +147,20 @@ TEST(CliFlags, BadValuesOnTheCommandLineAsBefore) {
             std::string::npos);
 }
 
+TEST(CliFlags, WordsNoFlagTakes) {
+  EXPECT_EQ(error_of({"--overwrite", "false"}),
+            std::string("--overwrite is a switch and takes no value: drop 'false' (a switch is off "
+                        "unless given; turn off one a config file sets in the file)") +
+                kHint);
+  EXPECT_EQ(
+      error_of({"--epochs", "1", "2"}),
+      std::string("unexpected argument '2': a value follows its flag, as --name VALUE") + kHint);
+  EXPECT_EQ(error_of({"runs/a"}),
+            std::string("unexpected argument 'runs/a': a value follows its flag, as --name VALUE") +
+                kHint);
+  EXPECT_TRUE(parse({"--overwrite", "--epochs", "1"}).overwrite);
+}
+
 TEST(CliFlags, HelpListsConfig) {
   testing::internal::CaptureStdout();
   bool help = false;

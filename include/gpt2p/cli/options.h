@@ -33,8 +33,8 @@ struct UsageError : std::runtime_error {
 
 // Parses argv, then the file of --config if one is given, into `vm` (adds --help and --config to
 // `desc`). Returns false when --help was given (usage was printed on stdout; --config is not read
-// then); throws UsageError for unknown flags, bad values or a bad config file, in one line naming
-// the flag (or the file and line) and the fix.
+// then); throws UsageError for unknown flags, bad values, a word no flag takes (--overwrite false)
+// or a bad config file, in one line naming the flag (or the file and line) and the fix.
 bool parse_or_help(const std::string& program, const std::string& summary,
                    po::options_description& desc, int argc, char** argv, po::variables_map& vm);
 
