@@ -1,5 +1,6 @@
 // Data-parallel GPT-2 training: mpirun -np N dp_train [options]; see --help.
 #include "gpt2p/cli/main_guard.h"
+#include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/parallel/train/options.h"
 #include "gpt2p/parallel/trainers/dp_trainer.h"
 

@@ -1,5 +1,6 @@
 // Single-rank GPT-2 training (CPU or one GPU): gpt2_train [options]; see --help.
 #include "gpt2p/cli/main_guard.h"
+#include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/parallel/train/options.h"
 #include "gpt2p/parallel/trainers/dp_trainer.h"
 

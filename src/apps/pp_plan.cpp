@@ -43,9 +43,8 @@ struct Flags {
   int64_t max_train_pairs = 5000;
   double loss_fraction = -1;  // -1: from --data
   int64_t vocab_size = 50260;
-  gpt2p::parallel::TrainConfig
-      model;                        // preset and overrides, resolved as the trainers resolve them
-  gpt2p::model::GPT2Config config;  // `model` resolved at --seq-len (parse_flags)
+  gpt2p::parallel::TrainConfig train;  // its model section: preset and overrides, as the trainers
+  gpt2p::model::GPT2Config config;     // train.model resolved at --seq-len (parse_flags)
   gpt2p::pipeline::PlanSpec spec;
 };
 
@@ -164,11 +163,11 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   po::options_description desc("pp_plan options");
   // clang-format off
   desc.add_options()
-      ("preset", po::value(&f.model.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
-      ("n-layer", po::value(&f.model.n_layer), "override: number of transformer blocks")
-      ("n-embd", po::value(&f.model.n_embd), "override: embedding width")
-      ("n-head", po::value(&f.model.n_head), "override: attention heads")
-      ("dropout", po::value(&f.model.dropout), "override: dropout probability (preset: 0.1)")
+      ("preset", po::value(&f.train.model.preset), "tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (default: gpt2 on cuda, tiny on cpu)")
+      ("n-layer", po::value(&f.train.model.n_layer), "override: number of transformer blocks")
+      ("n-embd", po::value(&f.train.model.n_embd), "override: embedding width")
+      ("n-head", po::value(&f.train.model.n_head), "override: attention heads")
+      ("dropout", po::value(&f.train.model.dropout), "override: dropout probability (preset: 0.1)")
       ("vocab-size", po::value(&f.vocab_size)->default_value(f.vocab_size), "tokens in the vocabulary (GPT-2's 50257 + our 3 specials)")
       ("stages", po::value(&s.stages)->default_value(s.stages), "pipeline stages (pp_train's ranks)")
       ("batch-size", po::value(&s.batch_size)->default_value(s.batch_size), "global batch, sequences per step")
@@ -206,7 +205,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (f.device == DeviceKind::kCuda && !cuda)
     throw UsageError(
         "--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
-  if (f.model.preset.empty()) f.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
+  if (f.train.model.preset.empty())
+    f.train.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
   s.precision = f.precision;
   if (s.stages < 1)
     throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
@@ -225,15 +225,16 @@ bool parse_flags(int argc, char** argv, Flags& f) {
                      ": pass a finite bandwidth > 0 in GB/s, e.g. 310");
   // The model overrides: a value <= 0 inside TrainConfig means "the preset's", so one given on the
   // command line is checked here, or --n-layer 0 would silently time the preset's model.
-  const std::pair<const char*, int> overrides[] = {
-      {"n-layer", f.model.n_layer}, {"n-embd", f.model.n_embd}, {"n-head", f.model.n_head}};
+  const std::pair<const char*, int> overrides[] = {{"n-layer", f.train.model.n_layer},
+                                                   {"n-embd", f.train.model.n_embd},
+                                                   {"n-head", f.train.model.n_head}};
   for (const auto& [flag, value] : overrides) {
     if (vm.count(flag) && value < 1)
       throw UsageError("--" + std::string(flag) + " " + std::to_string(value) +
                        ": pass a value >= 1, or leave the flag out for the preset's");
   }
-  if (vm.count("dropout") && !(f.model.dropout >= 0 && f.model.dropout < 1))
-    throw UsageError("--dropout " + number(f.model.dropout) +
+  if (vm.count("dropout") && !(f.train.model.dropout >= 0 && f.train.model.dropout < 1))
+    throw UsageError("--dropout " + number(f.train.model.dropout) +
                      ": pass a probability in [0, 1), or leave the flag out for the preset's");
   if (f.vocab_size < 1)
     throw UsageError("--vocab-size " + std::to_string(f.vocab_size) +
@@ -253,8 +254,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   }
   // The model as the trainers build it; a bad --preset or n_embd not divisible by n_head is a
   // usage error here, not a runtime one after the data file was read.
-  gpt2p::parallel::TrainConfig model = f.model;
-  model.seq_len = s.seq_len;
+  gpt2p::parallel::TrainConfig model = f.train;
+  model.optim.seq_len = s.seq_len;
   try {
     f.config = gpt2p::parallel::model_config_for(model, f.vocab_size);
   } catch (const gpt2p::Error& e) {

@@ -30,10 +30,10 @@ class Fp16OnGpu : public gpt2p::testing::TrainerTest {
     TrainerTest::SetUp();
   }
   TrainConfig in(TrainConfig c, model::Precision precision) const {
-    c.out += std::string("-") + std::string(name_of(precision));
-    c.device = DeviceKind::kCuda;
-    c.precision = precision;
-    c.save_every = -1;
+    c.output.out += std::string("-") + std::string(name_of(precision));
+    c.compute.device = DeviceKind::kCuda;
+    c.compute.precision = precision;
+    c.output.save_every = -1;
     return c;
   }
   // Runs `c` in fp32 and fp16 with `train`; their losses within kFp16Tolerance, nothing skipped.
@@ -41,7 +41,7 @@ class Fp16OnGpu : public gpt2p::testing::TrainerTest {
   void expect_fp16_near_fp32(const TrainConfig& c, size_t steps, Train train) const {
     ASSERT_EQ(train(in(c, model::Precision::kFp32)), 0);
     ASSERT_EQ(train(in(c, model::Precision::kFp16)), 0);
-    const std::string base = c.out.substr(dir.size() + 1);
+    const std::string base = c.output.out.substr(dir.size() + 1);
     const auto fp32 = read_column(rank_file(base + "-fp32"), "/steps/loss");
     const auto fp16 = read_column(rank_file(base + "-fp16"), "/steps/loss");
     ASSERT_EQ(fp32.size(), steps);
@@ -60,9 +60,9 @@ TEST_F(Fp16OnGpu, DataParallelStaysNearFp32) {
   for (int zero : {0, 1}) {
     SCOPED_TRACE("zero " + std::to_string(zero));
     auto c = config(std::string("dp-zero") + std::to_string(zero), 4);
-    c.bucket_mb = 0.05;
-    c.zero = zero;
-    c.recompute = zero == 1 ? model::Recompute::kBlocks : model::Recompute::kNone;
+    c.data_parallel.bucket_mb = 0.05;
+    c.data_parallel.zero = zero;
+    c.compute.recompute = zero == 1 ? model::Recompute::kBlocks : model::Recompute::kNone;
     expect_fp16_near_fp32(c, 4, [&](const TrainConfig& run) {
       return train_data_parallel(run, Program::kDataParallel, topo);
     });
@@ -88,12 +88,12 @@ TEST_F(Fp16OnGpu, EveryPipelineScheduleStaysNearFp32) {
     if (12 % (k.microbatches * k.dp) != 0 || n % k.dp != 0) continue;
     SCOPED_TRACE(k.name);
     auto c = config(std::string("pp-") + k.name, 4, /*blocks=*/8);
-    c.schedule = k.schedule;
-    c.microbatches = k.microbatches;
-    c.zero_bubble = k.zero_bubble;
-    c.dp = k.dp;
-    c.zero = k.zero;
-    c.stages_per_rank = k.schedule == ScheduleKind::kInterleaved ? 2 : 1;
+    c.pipeline.schedule = k.schedule;
+    c.pipeline.microbatches = k.microbatches;
+    c.pipeline.zero_bubble = k.zero_bubble;
+    c.pipeline.dp = k.dp;
+    c.data_parallel.zero = k.zero;
+    c.pipeline.stages_per_rank = k.schedule == ScheduleKind::kInterleaved ? 2 : 1;
     expect_fp16_near_fp32(c, 4, [&](const TrainConfig& run) { return train_pipeline(run, topo); });
   }
 }
@@ -103,9 +103,9 @@ TEST_F(Fp16OnGpu, EveryPipelineScheduleStaysNearFp32) {
 // last five steps' mean loss and the last validation loss agree within 15%.
 TEST_F(Fp16OnGpu, TrainingLowersTheLossAsFp32Does) {
   auto c = config("learn", 0);
-  c.epochs = 8;
-  c.lr = 1e-2;
-  c.translate_samples = 0;
+  c.optim.epochs = 8;
+  c.optim.lr = 1e-2;
+  c.output.translate_samples = 0;
   for (auto p : {model::Precision::kFp32, model::Precision::kFp16}) {
     ASSERT_EQ(train_data_parallel(in(c, p), Program::kDataParallel, topo), 0);
   }
@@ -125,7 +125,7 @@ TEST_F(Fp16OnGpu, TrainingLowersTheLossAsFp32Does) {
 
 TEST_F(Fp16OnGpu, AnOverflowOnOneRankSkipsTheStepEverywhere) {
   auto c = in(config("overflow", 3), model::Precision::kFp16);
-  c.bucket_mb = 0.05;
+  c.data_parallel.bucket_mb = 0.05;
   const std::string fault = std::to_string(comm->size() - 1) + ":1";
   ::setenv("GPT2P_INJECT_NONFINITE_GRADS", fault.c_str(), 1);
   const int rc = train_data_parallel(c, Program::kDataParallel, topo);

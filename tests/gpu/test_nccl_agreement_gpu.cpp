@@ -74,11 +74,11 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
   }
 
   TrainConfig on(TrainConfig c, const char* backend) const {
-    c.out += std::string("-") + backend;
-    c.device = DeviceKind::kCuda;
-    c.comm = *from_name<comm::Backend>(backend);
-    c.precision = model::Precision::kFp32;
-    c.save_every = kSteps;  // the final step's checkpoint holds the final weights
+    c.output.out += std::string("-") + backend;
+    c.compute.device = DeviceKind::kCuda;
+    c.comm.backend = *from_name<comm::Backend>(backend);
+    c.compute.precision = model::Precision::kFp32;
+    c.output.save_every = kSteps;  // the final step's checkpoint holds the final weights
     return c;
   }
 
@@ -180,7 +180,7 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
     SCOPED_TRACE(k.name);
     // 12 rows (5 steps an epoch of the 64 pairs): whole micro-batches at 2 and 4 ranks.
     auto c = config(k.name, kSteps, /*blocks=*/8);
-    c.bucket_mb = 0.05;  // several buckets
+    c.data_parallel.bucket_mb = 0.05;  // several buckets
     k.set(c, comm->size());
     for (const char* backend : {"nccl", "mpi"}) {
       ASSERT_EQ(train(k, on(c, backend)), 0) << backend;
@@ -203,28 +203,30 @@ class NcclAgreesWithMpi : public gpt2p::testing::TrainerTest {
 };
 
 TrainConfig& pipeline(TrainConfig& c, const char* schedule, int microbatches) {
-  c.mode = PipelineMode::kPipeline;
-  c.schedule = *from_name<pipeline::ScheduleKind>(schedule);
-  c.microbatches = microbatches;
+  c.pipeline.mode = PipelineMode::kPipeline;
+  c.pipeline.schedule = *from_name<pipeline::ScheduleKind>(schedule);
+  c.pipeline.microbatches = microbatches;
   return c;
 }
 
 const Case kDataParallel[] = {
-    {"dp-bucketed", false, [](TrainConfig& c, int) { c.grad_sync = GradSyncMode::kBucketed; }},
+    {"dp-bucketed", false,
+     [](TrainConfig& c, int) { c.data_parallel.grad_sync = GradSyncMode::kBucketed; }},
     {"dp-bucketed-dense", false,
-     [](TrainConfig& c, int) { c.embedding_sync = EmbeddingSync::kDense; }},
-    {"dp-per-param", false, [](TrainConfig& c, int) { c.grad_sync = GradSyncMode::kPerParam; }},
+     [](TrainConfig& c, int) { c.data_parallel.embedding_sync = EmbeddingSync::kDense; }},
+    {"dp-per-param", false,
+     [](TrainConfig& c, int) { c.data_parallel.grad_sync = GradSyncMode::kPerParam; }},
     // NCCL's ring rounds every partial sum to bfloat16; MPI sums in float32 and rounds once. The
     // gradients then differ by a bfloat16 rounding, and Adam turns that into up to a step (lr)
     // per step on weights whose gradients are near zero: 2.0e-4 at most and 6.5e-8 on average
     // were seen at 4 ranks on an H200.
-    {"dp-bf16-reduce", false, [](TrainConfig& c, int) { c.reduce_dtype = ReduceDtype::kBf16; },
-     3e-4, 3e-7},
-    {"dp-zero1", false, [](TrainConfig& c, int) { c.zero = 1; }},
+    {"dp-bf16-reduce", false,
+     [](TrainConfig& c, int) { c.data_parallel.reduce_dtype = ReduceDtype::kBf16; }, 3e-4, 3e-7},
+    {"dp-zero1", false, [](TrainConfig& c, int) { c.data_parallel.zero = 1; }},
     {"dp-recompute-dropout", false,
      [](TrainConfig& c, int) {
-       c.recompute = model::Recompute::kBlocks;
-       c.dropout = 0.1;
+       c.compute.recompute = model::Recompute::kBlocks;
+       c.model.dropout = 0.1;
      }},
 };
 
@@ -232,19 +234,20 @@ const Case kPipelines[] = {
     {"pp-gpipe", true, [](TrainConfig& c, int) { pipeline(c, "gpipe", 4); }},
     {"pp-1f1b", true, [](TrainConfig& c, int) { pipeline(c, "1f1b", 4); }},
     {"pp-1f1b-zero-bubble", true,
-     [](TrainConfig& c, int) { pipeline(c, "1f1b", 4).zero_bubble = true; }},
+     [](TrainConfig& c, int) { pipeline(c, "1f1b", 4).pipeline.zero_bubble = true; }},
     {"pp-interleaved", true,
-     [](TrainConfig& c, int n) { pipeline(c, "interleaved", n).stages_per_rank = 2; }},
-    {"pp-model-parallel", true, [](TrainConfig& c, int) { c.mode = PipelineMode::kModelParallel; }},
+     [](TrainConfig& c, int n) { pipeline(c, "interleaved", n).pipeline.stages_per_rank = 2; }},
+    {"pp-model-parallel", true,
+     [](TrainConfig& c, int) { c.pipeline.mode = PipelineMode::kModelParallel; }},
 };
 
 // --dp 2: 2 x 1 on 2 ranks, 2 x 2 on 4.
 const Case kHybrid[] = {
-    {"hybrid-dp2", true, [](TrainConfig& c, int) { pipeline(c, "1f1b", 2).dp = 2; }},
+    {"hybrid-dp2", true, [](TrainConfig& c, int) { pipeline(c, "1f1b", 2).pipeline.dp = 2; }},
     {"hybrid-dp2-zero1", true,
      [](TrainConfig& c, int) {
-       pipeline(c, "1f1b", 2).dp = 2;
-       c.zero = 1;
+       pipeline(c, "1f1b", 2).pipeline.dp = 2;
+       c.data_parallel.zero = 1;
      }},
 };
 

@@ -35,10 +35,10 @@ class TrainersOnGpu : public gpt2p::testing::TrainerTest {
     for (size_t i = 0; i < steps; ++i) EXPECT_NEAR(gpu[i], cpu[i], rel_tol * cpu[i]) << i;
   }
   parallel::TrainConfig on(parallel::TrainConfig c, const std::string& device) const {
-    c.out += "-" + device;
-    c.device = *from_name<DeviceKind>(device);
-    c.precision = gpt2p::model::Precision::kFp32;
-    c.save_every = -1;
+    c.output.out += "-" + device;
+    c.compute.device = *from_name<DeviceKind>(device);
+    c.compute.precision = gpt2p::model::Precision::kFp32;
+    c.output.save_every = -1;
     return c;
   }
 };
@@ -46,8 +46,8 @@ class TrainersOnGpu : public gpt2p::testing::TrainerTest {
 TEST_F(TrainersOnGpu, DataParallelLossesEqualTheCpuRun) {
   for (const char* sync : {"bucketed", "per-param"}) {
     auto c = config(std::string("dp-") + sync, 3);
-    c.grad_sync = *from_name<GradSyncMode>(sync);
-    c.bucket_mb = 0.05;
+    c.data_parallel.grad_sync = *from_name<GradSyncMode>(sync);
+    c.data_parallel.bucket_mb = 0.05;
     for (const char* device : {"cuda", "cpu"}) {
       ASSERT_EQ(train_data_parallel(on(c, device), parallel::Program::kDataParallel, topo), 0);
     }
@@ -72,11 +72,11 @@ TEST_F(TrainersOnGpu, EveryPipelineScheduleEqualsTheCpuRun) {
     if (12 % k.microbatches != 0) continue;
     SCOPED_TRACE(k.name);
     auto c = config(std::string("pp-") + k.name, 3, /*blocks=*/8);
-    c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-    c.schedule = *from_name<pipeline::ScheduleKind>(k.schedule);
-    c.microbatches = k.microbatches;
-    c.zero_bubble = k.zero_bubble;
-    c.stages_per_rank = std::string(k.schedule) == "interleaved" ? 2 : 1;
+    c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+    c.pipeline.schedule = *from_name<pipeline::ScheduleKind>(k.schedule);
+    c.pipeline.microbatches = k.microbatches;
+    c.pipeline.zero_bubble = k.zero_bubble;
+    c.pipeline.stages_per_rank = std::string(k.schedule) == "interleaved" ? 2 : 1;
     for (const char* device : {"cuda", "cpu"}) ASSERT_EQ(train_pipeline(on(c, device), topo), 0);
     expect_cuda_equals_cpu(std::string("pp-") + k.name, 3, 1e-4);
   }
@@ -87,10 +87,10 @@ TEST_F(TrainersOnGpu, EveryPipelineScheduleEqualsTheCpuRun) {
 // whole batch tests/mpi/test_hybrid.cpp checks).
 TEST_F(TrainersOnGpu, HybridLossesEqualTheCpuRun) {
   auto c = config("hybrid", 3, /*blocks=*/8);
-  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-  c.schedule = pipeline::ScheduleKind::kOneFOneB;
-  c.microbatches = 2;  // of a replica's 6 rows
-  c.dp = 2;
+  c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.pipeline.schedule = pipeline::ScheduleKind::kOneFOneB;
+  c.pipeline.microbatches = 2;  // of a replica's 6 rows
+  c.pipeline.dp = 2;
   for (const char* device : {"cuda", "cpu"}) ASSERT_EQ(train_pipeline(on(c, device), topo), 0);
   expect_cuda_equals_cpu("hybrid", 3, 1e-4);
 }
@@ -101,16 +101,16 @@ TEST_F(TrainersOnGpu, HybridLossesEqualTheCpuRun) {
 // hybrid's replicas (2 x 1 on 2 ranks, 2 x 2 on 4).
 TEST_F(TrainersOnGpu, ZeroLossesEqualTheCpuRun) {
   auto dp = config("zero-dp", 3);
-  dp.bucket_mb = 0.05;
-  dp.zero = 1;
+  dp.data_parallel.bucket_mb = 0.05;
+  dp.data_parallel.zero = 1;
   for (const char* device : {"cuda", "cpu"}) {
     ASSERT_EQ(train_data_parallel(on(dp, device), parallel::Program::kDataParallel, topo), 0);
   }
   expect_cuda_equals_cpu("zero-dp", 3, 1e-4);
   auto hybrid = config("zero-hybrid", 3, /*blocks=*/8);
-  hybrid.microbatches = 2;
-  hybrid.dp = 2;
-  hybrid.zero = 1;
+  hybrid.pipeline.microbatches = 2;
+  hybrid.pipeline.dp = 2;
+  hybrid.data_parallel.zero = 1;
   for (const char* device : {"cuda", "cpu"}) ASSERT_EQ(train_pipeline(on(hybrid, device), topo), 0);
   expect_cuda_equals_cpu("zero-hybrid", 3, 1e-4);
 }

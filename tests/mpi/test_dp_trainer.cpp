@@ -22,8 +22,8 @@ class DataParallelTrainer : public gpt2p::testing::TrainerTest {
  protected:
   parallel::TrainConfig config(const std::string& out, int64_t max_steps) const {
     auto c = TrainerTest::config(out, max_steps);
-    c.grad_sync = gpt2p::parallel::GradSyncMode::kBucketed;
-    c.bucket_mb = 0.05;
+    c.data_parallel.grad_sync = gpt2p::parallel::GradSyncMode::kBucketed;
+    c.data_parallel.bucket_mb = 0.05;
     return c;
   }
 };
@@ -54,7 +54,7 @@ TEST_F(DataParallelTrainer, WritesRankFilesAndResumesAtTheRightStep) {
 
   // Resuming from step 2 runs step 2 exactly as a run that never stopped.
   auto resumed = config("b", 3);
-  resumed.resume = dir + "/a/checkpoint";
+  resumed.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_data_parallel(resumed, parallel::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(config("c", 3), parallel::Program::kDataParallel, topo), 0);
   EXPECT_EQ(read_column(rank_file("b"), "/steps/step"), (std::vector<double>{2}));
@@ -64,7 +64,7 @@ TEST_F(DataParallelTrainer, WritesRankFilesAndResumesAtTheRightStep) {
 
 TEST_F(DataParallelTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   auto all = config("all", 3);
-  all.loss_positions = gpt2p::model::LossPositions::kAll;
+  all.compute.loss_positions = gpt2p::model::LossPositions::kAll;
   ASSERT_EQ(train_data_parallel(config("targets", 3), parallel::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(all, parallel::Program::kDataParallel, topo), 0);
   expect_same_losses("targets", "all", 3);
@@ -72,9 +72,9 @@ TEST_F(DataParallelTrainer, LossPositionsTargetsAndAllTrainTheSame) {
 
 TEST_F(DataParallelTrainer, SparseAndDenseEmbeddingSyncTrainTheSame) {
   auto dense = config("dense", 3);
-  dense.embedding_sync = gpt2p::parallel::EmbeddingSync::kDense;
+  dense.data_parallel.embedding_sync = gpt2p::parallel::EmbeddingSync::kDense;
   auto sparse = config("sparse", 3);
-  sparse.embedding_sync = gpt2p::parallel::EmbeddingSync::kSparse;
+  sparse.data_parallel.embedding_sync = gpt2p::parallel::EmbeddingSync::kSparse;
   ASSERT_EQ(train_data_parallel(sparse, parallel::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(dense, parallel::Program::kDataParallel, topo), 0);
   expect_same_losses("sparse", "dense", 3);
@@ -92,12 +92,12 @@ namespace {
 TEST_F(DataParallelTrainer, ResumeWithDropoutIsBitwiseOnEveryRank) {
   const auto with_dropout = [&](const std::string& out, int64_t steps) {
     auto c = config(out, steps);
-    c.dropout = 0.1;
+    c.model.dropout = 0.1;
     return c;
   };
   ASSERT_EQ(train_data_parallel(with_dropout("a", 2), parallel::Program::kDataParallel, topo), 0);
   auto resumed = with_dropout("b", 3);
-  resumed.resume = dir + "/a/checkpoint";
+  resumed.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_data_parallel(resumed, parallel::Program::kDataParallel, topo), 0);
   ASSERT_EQ(train_data_parallel(with_dropout("c", 3), parallel::Program::kDataParallel, topo), 0);
   EXPECT_EQ(model::read_train_state(dir + "/a/checkpoint").rank_rng_states.size(),
@@ -108,19 +108,19 @@ TEST_F(DataParallelTrainer, ResumeWithDropoutIsBitwiseOnEveryRank) {
 // A checkpoint taken on an epoch's last step resumes at the next epoch's first batch.
 TEST_F(DataParallelTrainer, ACheckpointOnAnEpochsLastStepResumes) {
   auto one = config("p", 0);
-  one.save_every = -1;
+  one.output.save_every = -1;
   ASSERT_EQ(train_data_parallel(one, parallel::Program::kDataParallel, topo), 0);
   const auto per_epoch = static_cast<int64_t>(read_column(rank_file("p"), "/steps/step").size());
   auto a = config("a", per_epoch);
-  a.epochs = 2;
-  a.save_every = per_epoch;
+  a.optim.epochs = 2;
+  a.output.save_every = per_epoch;
   ASSERT_EQ(train_data_parallel(a, parallel::Program::kDataParallel, topo), 0);
   const auto state = model::read_train_state(dir + "/a/checkpoint");
   EXPECT_EQ(state.epoch, 1);
   EXPECT_EQ(state.batch_in_epoch, 0);
   auto b = config("b", per_epoch + 1);
-  b.epochs = 2;
-  b.resume = dir + "/a/checkpoint";
+  b.optim.epochs = 2;
+  b.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_data_parallel(b, parallel::Program::kDataParallel, topo), 0);
   EXPECT_EQ(read_column(rank_file("b"), "/steps/epoch"), (std::vector<double>{1}));
 }
@@ -129,14 +129,14 @@ TEST_F(DataParallelTrainer, ACheckpointOnAnEpochsLastStepResumes) {
 // resume of it with the same --max-steps has nothing left to train.
 TEST_F(DataParallelTrainer, AFinishedRunCommitsItsLastStepAndItsResumeTrainsNothing) {
   auto a = config("a", 3);
-  a.save_every = 2;
+  a.output.save_every = 2;
   ASSERT_EQ(train_data_parallel(a, parallel::Program::kDataParallel, topo), 0);
   const auto state = model::read_train_state(dir + "/a/checkpoint");
   EXPECT_EQ(state.step, 3);
   EXPECT_EQ(state.epoch, 0);
   EXPECT_EQ(state.batch_in_epoch, 3);
   auto b = config("b", 3);
-  b.resume = dir + "/a/checkpoint";
+  b.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_data_parallel(b, parallel::Program::kDataParallel, topo), 0);
   EXPECT_TRUE(read_column(rank_file("b"), "/steps/step").empty());
   EXPECT_EQ(model::read_train_state(dir + "/a/checkpoint").step, 3);
@@ -158,7 +158,7 @@ TEST_F(DataParallelTrainer, AFreshRunDoesNotReplaceACheckpointWithoutOverwrite) 
   }
   EXPECT_EQ(fs::last_write_time(dir + "/a/checkpoint/model.safetensors"), before);
   auto again = config("a", 1);
-  again.overwrite = true;
+  again.output.overwrite = true;
   EXPECT_EQ(train_data_parallel(again, parallel::Program::kDataParallel, topo), 0);
 }
 

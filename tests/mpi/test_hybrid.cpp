@@ -216,13 +216,13 @@ TEST_F(HybridZero, TiedCopiesStayIdenticalAndLossesEqualTheUnshardedRun) {
   const int n = comm->size();
   const auto hybrid = [&](const std::string& out, int zero) {
     auto c = config(out, 3, /*blocks=*/4);
-    c.dp = n / 2;
-    c.batch_size = 24;  // 12, 8 or 6 rows per replica
-    c.epochs = 3;       // the small dataset holds 2 such batches
-    c.microbatches = 2;
-    c.zero = zero;
-    c.bucket_mb = 0.05;
-    c.save_every = 3;
+    c.pipeline.dp = n / 2;
+    c.optim.batch_size = 24;  // 12, 8 or 6 rows per replica
+    c.optim.epochs = 3;       // the small dataset holds 2 such batches
+    c.pipeline.microbatches = 2;
+    c.data_parallel.zero = zero;
+    c.data_parallel.bucket_mb = 0.05;
+    c.output.save_every = 3;
     return c;
   };
   ASSERT_EQ(parallel::train_pipeline(hybrid("plain", 0), topo), 0);

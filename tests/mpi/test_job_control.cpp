@@ -65,8 +65,8 @@ TEST(OnEveryRank, TheLowestFailingRankReports) {
 TEST(ConfigAgreement, NamesTheFlagsThatDiffer) {
   parallel::TrainConfig a;
   parallel::TrainConfig b;
-  b.batch_size = 32;
-  b.comm_timeout_s = 5;
+  b.optim.batch_size = 32;
+  b.comm.timeout_s = 5;
   const auto text = cli::describe_config_difference(parallel::to_json(b), parallel::to_json(a), 0);
   EXPECT_NE(text.find("--batch-size 32, rank 0 with -1"), std::string::npos) << text;
   EXPECT_NE(text.find("--comm-timeout 5"), std::string::npos) << text;
@@ -84,8 +84,8 @@ TEST(ConfigAgreement, DifferentFlagsEndTheJobNamingThem) {
   const auto t = world();
   parallel::TrainConfig c;
   if (t.rank == 1) {
-    c.batch_size = 32;
-    c.seed = 4;
+    c.optim.batch_size = 32;
+    c.optim.seed = 4;
   }
   try {
     cli::check_same_config(parallel::to_json(c));

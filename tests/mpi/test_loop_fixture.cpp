@@ -121,26 +121,26 @@ class LoopFixture : public gpt2p::testing::TrainerTest {
   // Pipelines get one block per stage (the balanced partition needs as many).
   parallel::TrainConfig base(const std::string& out, int64_t steps, int stages_per_rank = 0) const {
     auto c = config(out, steps);
-    if (stages_per_rank > 0) c.n_layer = stages_per_rank * comm->size();
-    c.dropout = 0.1;   // the RNG streams are part of what is pinned
-    c.save_every = 0;  // one checkpoint, at the end
-    c.translate_samples = 0;
+    if (stages_per_rank > 0) c.model.n_layer = stages_per_rank * comm->size();
+    c.model.dropout = 0.1;    // the RNG streams are part of what is pinned
+    c.output.save_every = 0;  // one checkpoint, at the end
+    c.output.translate_samples = 0;
     return c;
   }
 };
 
 TEST_F(LoopFixture, DataParallelBucketed) {
   auto c = base("dp_bucketed", 4);
-  c.grad_sync = gpt2p::parallel::GradSyncMode::kBucketed;
-  c.bucket_mb = 0.05;
+  c.data_parallel.grad_sync = gpt2p::parallel::GradSyncMode::kBucketed;
+  c.data_parallel.bucket_mb = 0.05;
   ASSERT_EQ(train_data_parallel(c, parallel::Program::kDataParallel, topo), 0);
   check("dp_bucketed", "dp_bucketed");
 }
 
 TEST_F(LoopFixture, DataParallelPerParamDenseEmbedding) {
   auto c = base("dp_per_param", 3);
-  c.grad_sync = gpt2p::parallel::GradSyncMode::kPerParam;
-  c.embedding_sync = gpt2p::parallel::EmbeddingSync::kDense;
+  c.data_parallel.grad_sync = gpt2p::parallel::GradSyncMode::kPerParam;
+  c.data_parallel.embedding_sync = gpt2p::parallel::EmbeddingSync::kDense;
   ASSERT_EQ(train_data_parallel(c, parallel::Program::kDataParallel, topo), 0);
   check("dp_per_param", "dp_per_param");
 }
@@ -149,47 +149,47 @@ TEST_F(LoopFixture, DataParallelPerParamDenseEmbedding) {
 // model's norm is far above 0.05), so the sharded norm and the scaled update are pinned as well.
 TEST_F(LoopFixture, DataParallelZeroAccumulatedClipped) {
   auto c = base("dp_zero", 3);
-  c.epochs = 2;  // 2 steps an epoch: the third starts the second epoch
-  c.zero = 1;
-  c.grad_accum = 2;
-  c.grad_clip = 0.05;
-  c.batch_size = 24;
+  c.optim.epochs = 2;  // 2 steps an epoch: the third starts the second epoch
+  c.data_parallel.zero = 1;
+  c.optim.grad_accum = 2;
+  c.optim.grad_clip = 0.05;
+  c.optim.batch_size = 24;
   ASSERT_EQ(train_data_parallel(c, parallel::Program::kDataParallel, topo), 0);
   check("dp_zero", "dp_zero");
 }
 
 TEST_F(LoopFixture, Pipeline1F1B) {
   auto c = base("pp_1f1b", 3, 1);
-  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-  c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
-  c.microbatches = 2;
+  c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
+  c.pipeline.microbatches = 2;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_1f1b", "pp_1f1b");
 }
 
 TEST_F(LoopFixture, PipelineInterleaved) {
   auto c = base("pp_interleaved", 3, 2);
-  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-  c.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
-  c.stages_per_rank = 2;
-  c.microbatches = comm->size();
+  c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
+  c.pipeline.stages_per_rank = 2;
+  c.pipeline.microbatches = comm->size();
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_interleaved", "pp_interleaved");
 }
 
 TEST_F(LoopFixture, PipelineGPipeZeroBubble) {
   auto c = base("pp_gpipe_zb", 3, 1);
-  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-  c.schedule = gpt2p::pipeline::ScheduleKind::kGPipe;
-  c.zero_bubble = true;
-  c.microbatches = 2;
+  c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kGPipe;
+  c.pipeline.zero_bubble = true;
+  c.pipeline.microbatches = 2;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_gpipe_zb", "pp_gpipe_zb");
 }
 
 TEST_F(LoopFixture, ModelParallel) {
   auto c = base("pp_mp", 3, 1);
-  c.mode = gpt2p::parallel::PipelineMode::kModelParallel;
+  c.pipeline.mode = gpt2p::parallel::PipelineMode::kModelParallel;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("pp_mp", "pp_mp");
 }
@@ -197,13 +197,13 @@ TEST_F(LoopFixture, ModelParallel) {
 // Two replicas of a 2-stage 1F1B pipeline (4 ranks): the replicas' gradient sums, with and
 // without ZeRO-1 over each stage's replicas.
 parallel::TrainConfig hybrid(parallel::TrainConfig c) {
-  c.n_layer = 4;
-  c.dp = 2;
-  c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-  c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
-  c.microbatches = 2;
-  c.batch_size = 24;
-  c.epochs = 2;  // 2 steps an epoch: the third starts the second epoch
+  c.model.n_layer = 4;
+  c.pipeline.dp = 2;
+  c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+  c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
+  c.pipeline.microbatches = 2;
+  c.optim.batch_size = 24;
+  c.optim.epochs = 2;  // 2 steps an epoch: the third starts the second epoch
   return c;
 }
 
@@ -217,7 +217,7 @@ TEST_F(LoopFixture, HybridReplicatedPipelines) {
 TEST_F(LoopFixture, HybridZero) {
   if (comm->size() != 4) GTEST_SKIP() << "two 2-stage replicas need 4 ranks";
   auto c = hybrid(base("hybrid_zero", 3));
-  c.zero = 1;
+  c.data_parallel.zero = 1;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   check("hybrid_zero", "hybrid_zero");
 }

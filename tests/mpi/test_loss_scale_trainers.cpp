@@ -80,24 +80,24 @@ class LossScaleTrainer : public gpt2p::testing::TrainerTest {
 
   TrainConfig mode_config(const Mode& m, const std::string& out, int64_t steps) const {
     auto c = config(out, steps, m.pipeline ? 8 : 2);
-    c.dropout = 0.1;
-    c.bucket_mb = 0.05;
-    c.zero = m.zero;
-    c.grad_sync = m.sync;
-    c.grad_accum = m.grad_accum;
-    c.schedule = m.schedule;
-    c.microbatches = m.microbatches;
-    c.zero_bubble = m.zero_bubble;
-    c.dp = m.dp;
-    c.stages_per_rank = m.schedule == pipeline::ScheduleKind::kInterleaved ? 2 : 1;
-    c.recompute = m.recompute;
+    c.model.dropout = 0.1;
+    c.data_parallel.bucket_mb = 0.05;
+    c.data_parallel.zero = m.zero;
+    c.data_parallel.grad_sync = m.sync;
+    c.optim.grad_accum = m.grad_accum;
+    c.pipeline.schedule = m.schedule;
+    c.pipeline.microbatches = m.microbatches;
+    c.pipeline.zero_bubble = m.zero_bubble;
+    c.pipeline.dp = m.dp;
+    c.pipeline.stages_per_rank = m.schedule == pipeline::ScheduleKind::kInterleaved ? 2 : 1;
+    c.compute.recompute = m.recompute;
     return c;
   }
 
   static TrainConfig scaled(TrainConfig c) {
-    c.loss_scale = LossScaleMode::kDynamic;
-    c.loss_scale_init = 1024;
-    c.loss_scale_window = 2;
+    c.loss_scale.mode = LossScaleMode::kDynamic;
+    c.loss_scale.init = 1024;
+    c.loss_scale.window = 2;
     return c;
   }
 
@@ -165,7 +165,7 @@ TEST_F(LossScaleTrainer, AResumeContinuesTheScale) {
     const std::string p = std::string(m.name) + "-";
     ASSERT_EQ(train(m, scaled(mode_config(m, p + "a", 2))), 0);
     auto resumed = scaled(mode_config(m, p + "b", 3));
-    resumed.resume = dir + "/" + p + "a/checkpoint";
+    resumed.output.resume = dir + "/" + p + "a/checkpoint";
     ASSERT_EQ(train(m, resumed), 0);
     ASSERT_EQ(train(m, scaled(mode_config(m, p + "c", 3))), 0);
     const auto full = read_column(rank_file(p + "c"), "/steps/loss");

@@ -29,10 +29,10 @@ class PipelineTrainer : public gpt2p::testing::TrainerTest {
   parallel::TrainConfig config(const std::string& out, int64_t max_steps,
                                const std::string& partition) const {
     auto c = TrainerTest::config(out, max_steps, /*blocks=*/4);
-    c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-    c.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
-    c.microbatches = 2;
-    c.partition = *from_name<pipeline::PartitionKind>(partition);
+    c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+    c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kOneFOneB;
+    c.pipeline.microbatches = 2;
+    c.pipeline.partition = *from_name<pipeline::PartitionKind>(partition);
     return c;
   }
 };
@@ -57,7 +57,7 @@ TEST_F(PipelineTrainer, MeasuredSplitTrainsCheckpointsAndResumesOnItsSplit) {
   // --partition uniform would cut 4 blocks differently from the measured split (which puts the
   // costly head alone or nearly so): the resumed run must keep the checkpoint's split.
   auto resumed = config("b", 3, "uniform");
-  resumed.resume = dir + "/a/checkpoint";
+  resumed.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_pipeline(resumed, topo), 0);
   EXPECT_EQ(read_column(rank_file("b"), "/steps/step"), (std::vector<double>{2}));
   EXPECT_EQ(read_attribute(rank_file("b"), "layer_begin"), saved.begin);
@@ -73,11 +73,11 @@ TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
   const int n = comm->size();
   const auto interleaved = [&](const std::string& out, int64_t steps) {
     auto c = TrainerTest::config(out, steps, /*blocks=*/8);  // 4 ranks x 2 stages fit
-    c.mode = gpt2p::parallel::PipelineMode::kPipeline;
-    c.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
-    c.stages_per_rank = 2;
-    c.microbatches = n;  // a multiple of the ranks dividing the batch of 12
-    c.partition = gpt2p::pipeline::PartitionKind::kBalanced;
+    c.pipeline.mode = gpt2p::parallel::PipelineMode::kPipeline;
+    c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
+    c.pipeline.stages_per_rank = 2;
+    c.pipeline.microbatches = n;  // a multiple of the ranks dividing the batch of 12
+    c.pipeline.partition = gpt2p::pipeline::PartitionKind::kBalanced;
     return c;
   };
   ASSERT_EQ(train_pipeline(interleaved("a", 2), topo), 0);
@@ -92,7 +92,7 @@ TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
     EXPECT_EQ(model::read_train_state(ckpt).step, 2) << ckpt;
   }
   auto resumed = interleaved("b", 3);
-  resumed.resume = dir + "/a/checkpoint";
+  resumed.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_pipeline(resumed, topo), 0);
   ASSERT_EQ(train_pipeline(interleaved("c", 3), topo), 0);
   expect_resume_continues_the_run(1e-5);
@@ -103,12 +103,12 @@ TEST_F(PipelineTrainer, InterleavedTrainsCheckpointsEveryStageAndResumes) {
 TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignCheckpoint) {
   const int n = comm->size();
   auto c = TrainerTest::config("bad", 1, /*blocks=*/8);
-  c.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
-  c.stages_per_rank = 2;
-  c.microbatches = n == 2 ? 3 : 2;  // divides the batch of 12, not a multiple of the ranks
+  c.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
+  c.pipeline.stages_per_rank = 2;
+  c.pipeline.microbatches = n == 2 ? 3 : 2;  // divides the batch of 12, not a multiple of the ranks
   try {
     train_pipeline(c, topo);
-    ADD_FAILURE() << "M = " << c.microbatches << " on " << n << " ranks should fail";
+    ADD_FAILURE() << "M = " << c.pipeline.microbatches << " on " << n << " ranks should fail";
   } catch (const Error& e) {
     EXPECT_NE(
         std::string(e.what()).find("is not a multiple of the " + std::to_string(n) + " ranks"),
@@ -117,13 +117,13 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
   }
   // A one-stage-per-rank checkpoint has n stages, not the 2n an interleaved resume needs.
   auto plain = config("plain", 1, "balanced");
-  plain.save_every = 1;
+  plain.output.save_every = 1;
   ASSERT_EQ(train_pipeline(plain, topo), 0);
   auto resumed = TrainerTest::config("resumed", 2, /*blocks=*/8);
-  resumed.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
-  resumed.stages_per_rank = 2;
-  resumed.microbatches = n;
-  resumed.resume = dir + "/plain/checkpoint";
+  resumed.pipeline.schedule = gpt2p::pipeline::ScheduleKind::kInterleaved;
+  resumed.pipeline.stages_per_rank = 2;
+  resumed.pipeline.microbatches = n;
+  resumed.output.resume = dir + "/plain/checkpoint";
   try {
     train_pipeline(resumed, topo);
     ADD_FAILURE() << "resuming " << n << " stages as " << 2 * n << " should fail";
@@ -139,7 +139,7 @@ TEST_F(PipelineTrainer, InterleavedRefusesMNotAMultipleOfTheRanksAndAForeignChec
 // same losses step by step (the rows that are left out have weight 0).
 TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
   auto all = config("all", 3, "uniform");
-  all.loss_positions = gpt2p::model::LossPositions::kAll;
+  all.compute.loss_positions = gpt2p::model::LossPositions::kAll;
   ASSERT_EQ(train_pipeline(config("targets", 3, "uniform"), topo), 0);
   ASSERT_EQ(train_pipeline(all, topo), 0);
   expect_same_losses("targets", "all", 3);
@@ -147,10 +147,10 @@ TEST_F(PipelineTrainer, LossPositionsTargetsAndAllTrainTheSame) {
 
 TEST_F(PipelineTrainer, ZeroBubbleTrainsLikeThePlainSchedule) {
   auto zb = config("zb", 3, "balanced");
-  zb.zero_bubble = true;
+  zb.pipeline.zero_bubble = true;
   auto zb_inf = config("zb_inf", 3, "balanced");  // every W as late as it helps: another order
-  zb_inf.zero_bubble = true;
-  zb_inf.zb_extra_live = -1;
+  zb_inf.pipeline.zero_bubble = true;
+  zb_inf.pipeline.zb_extra_live = -1;
   ASSERT_EQ(train_pipeline(config("plain", 3, "balanced"), topo), 0);
   ASSERT_EQ(train_pipeline(zb, topo), 0);
   ASSERT_EQ(train_pipeline(zb_inf, topo), 0);
@@ -177,8 +177,8 @@ namespace {
 TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   const int n = comm->size();
   auto as_dp = config("pp-dp", 3, "balanced");
-  as_dp.dp = n;
-  as_dp.microbatches = 1;  // a replica's 12 / n rows
+  as_dp.pipeline.dp = n;
+  as_dp.pipeline.microbatches = 1;  // a replica's 12 / n rows
   ASSERT_EQ(train_pipeline(as_dp, topo), 0);
   ASSERT_EQ(
       train_data_parallel(TrainerTest::config("dp", 3, /*blocks=*/4), Program::kDataParallel, topo),
@@ -197,14 +197,14 @@ TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   const int dp = n >= 4 && n % 2 == 0 ? 2 : n, pp = n / dp;
   const auto hybrid = [&](const std::string& out, int64_t steps) {
     auto c = config(out, steps, "balanced");
-    c.dp = dp;
+    c.pipeline.dp = dp;
     return c;
   };
   auto a = hybrid("a", 2);
-  a.save_every = 2;
+  a.output.save_every = 2;
   ASSERT_EQ(train_pipeline(a, topo), 0);
   auto b = hybrid("b", 3);
-  b.resume = dir + "/a/checkpoint";
+  b.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_pipeline(b, topo), 0);
   ASSERT_EQ(train_pipeline(hybrid("c", 3), topo), 0);
   expect_resume_continues_the_run(1e-5);
@@ -229,7 +229,7 @@ TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
   }
   comm->barrier();
   auto other = hybrid("other", 3);
-  other.resume = root;
+  other.output.resume = root;
   try {
     train_pipeline(other, topo);
     ADD_FAILURE() << "a checkpoint written with --dp " << dp + 1 << " must be refused";
@@ -243,7 +243,7 @@ TEST_F(PipelineTrainer, HybridTrainsAsDataParallelAndResumes) {
 // --save-every 2 over 3 steps commits step 3 too, every stage under one manifest.
 TEST_F(PipelineTrainer, AFinishedRunCommitsItsLastStep) {
   auto c = config("last", 3, "uniform");
-  c.save_every = 2;
+  c.output.save_every = 2;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   const std::string root = dir + "/last/checkpoint";
   EXPECT_EQ(model::read_checkpoint_manifest(root).value("step", -1), 3);
@@ -254,7 +254,7 @@ TEST_F(PipelineTrainer, AFinishedRunCommitsItsLastStep) {
 // a resume refuses a root without the manifest or with a stage at another step.
 TEST_F(PipelineTrainer, StageCheckpointsAreCommittedTogether) {
   auto c = config("a", 3, "uniform");
-  c.save_every = 1;
+  c.output.save_every = 1;
   ASSERT_EQ(train_pipeline(c, topo), 0);
   const std::string root = dir + "/a/checkpoint";
   EXPECT_EQ(model::read_checkpoint_manifest(root).value("step", -1), 3);
@@ -264,7 +264,7 @@ TEST_F(PipelineTrainer, StageCheckpointsAreCommittedTogether) {
   }
   const auto expect_refused = [&](const std::string& fragment) {
     auto resumed = config("b", 4, "uniform");
-    resumed.resume = root;
+    resumed.output.resume = root;
     try {
       train_pipeline(resumed, topo);
       ADD_FAILURE() << "the resume must be refused: " << fragment;
@@ -274,7 +274,7 @@ TEST_F(PipelineTrainer, StageCheckpointsAreCommittedTogether) {
   };
   // A stage from another save (as a kill between two stages' writes used to leave).
   auto two = config("two", 2, "uniform");
-  two.save_every = 1;
+  two.output.save_every = 1;
   ASSERT_EQ(train_pipeline(two, topo), 0);
   comm->barrier();
   if (comm->rank() == 0) {

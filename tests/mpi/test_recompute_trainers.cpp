@@ -17,10 +17,10 @@ using gpt2p::testing::read_column;
 class RecomputeTrainer : public gpt2p::testing::TrainerTest {
  protected:
   TrainConfig with(TrainConfig c, model::Recompute r) const {
-    c.out += std::string("-") + std::string(name_of(r));
-    c.recompute = r;
-    c.dropout = 0.1;
-    c.save_every = -1;
+    c.output.out += std::string("-") + std::string(name_of(r));
+    c.compute.recompute = r;
+    c.model.dropout = 0.1;
+    c.output.save_every = -1;
     return c;
   }
   // The two runs' losses, step by step on this rank: the same bits.
@@ -35,7 +35,7 @@ class RecomputeTrainer : public gpt2p::testing::TrainerTest {
 
 TEST_F(RecomputeTrainer, DataParallelTrainsExactlyAsWithout) {
   auto c = config("dp", 3);
-  c.bucket_mb = 0.05;
+  c.data_parallel.bucket_mb = 0.05;
   for (auto r : {model::Recompute::kNone, model::Recompute::kBlocks}) {
     ASSERT_EQ(train_data_parallel(with(c, r), Program::kDataParallel, topo), 0);
   }
@@ -63,11 +63,11 @@ TEST_F(RecomputeTrainer, EveryScheduleTrainsExactlyAsWithout) {
     if (12 % (k.microbatches * k.dp) != 0 || n % k.dp != 0) continue;
     SCOPED_TRACE(k.name);
     auto c = config(std::string("pp-") + k.name, 3, /*blocks=*/8);
-    c.schedule = k.schedule;
-    c.microbatches = k.microbatches;
-    c.zero_bubble = k.zero_bubble;
-    c.dp = k.dp;
-    c.stages_per_rank = k.schedule == ScheduleKind::kInterleaved ? 2 : 1;
+    c.pipeline.schedule = k.schedule;
+    c.pipeline.microbatches = k.microbatches;
+    c.pipeline.zero_bubble = k.zero_bubble;
+    c.pipeline.dp = k.dp;
+    c.pipeline.stages_per_rank = k.schedule == ScheduleKind::kInterleaved ? 2 : 1;
     for (auto r : {model::Recompute::kNone, model::Recompute::kBlocks}) {
       ASSERT_EQ(train_pipeline(with(c, r), topo), 0);
     }

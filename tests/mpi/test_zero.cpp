@@ -302,8 +302,8 @@ class ZeroTrainer : public gpt2p::testing::TrainerTest {
  protected:
   TrainConfig dp(const std::string& out, int64_t steps, int zero) const {
     auto c = config(out, steps);
-    c.bucket_mb = 0.05;
-    c.zero = zero;
+    c.data_parallel.bucket_mb = 0.05;
+    c.data_parallel.zero = zero;
     return c;
   }
 };
@@ -314,12 +314,12 @@ TEST_F(ZeroTrainer, DpTrainWithZeroTrainsAsWithoutAndResumes) {
   expect_same_losses("plain", "c", 3);
   ASSERT_EQ(train_data_parallel(dp("a", 2, 1), Program::kDataParallel, topo), 0);
   auto b = dp("b", 3, 1);
-  b.resume = dir + "/a/checkpoint";
+  b.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_data_parallel(b, Program::kDataParallel, topo), 0);
   expect_resume_continues_the_run(1e-6);
   // The checkpoint is in the unsharded format: a run without ZeRO resumes from it.
   auto unsharded = dp("u", 3, 0);
-  unsharded.resume = dir + "/a/checkpoint";
+  unsharded.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_data_parallel(unsharded, Program::kDataParallel, topo), 0);
   const auto u = gpt2p::testing::read_column(rank_file("u"), "/steps/loss");
   const auto full = gpt2p::testing::read_column(rank_file("c"), "/steps/loss");
@@ -332,11 +332,11 @@ TEST_F(ZeroTrainer, HybridWithZeroTrainsAsWithoutAndResumes) {
   if (n % 2 != 0) GTEST_SKIP() << "2 replicas need an even number of ranks";
   const auto hybrid = [&](const std::string& out, int64_t steps, int zero) {
     auto c = config(out, steps, /*blocks=*/4);
-    c.dp = 2;
-    c.microbatches = 2;
-    c.partition = pipeline::PartitionKind::kBalanced;
-    c.bucket_mb = 0.05;
-    c.zero = zero;
+    c.pipeline.dp = 2;
+    c.pipeline.microbatches = 2;
+    c.pipeline.partition = pipeline::PartitionKind::kBalanced;
+    c.data_parallel.bucket_mb = 0.05;
+    c.data_parallel.zero = zero;
     return c;
   };
   ASSERT_EQ(train_pipeline(hybrid("plain", 3, 0), topo), 0);
@@ -344,7 +344,7 @@ TEST_F(ZeroTrainer, HybridWithZeroTrainsAsWithoutAndResumes) {
   expect_same_losses("plain", "c", 3);
   ASSERT_EQ(train_pipeline(hybrid("a", 2, 1), topo), 0);
   auto b = hybrid("b", 3, 1);
-  b.resume = dir + "/a/checkpoint";
+  b.output.resume = dir + "/a/checkpoint";
   ASSERT_EQ(train_pipeline(b, topo), 0);
   expect_resume_continues_the_run(1e-6);
 }

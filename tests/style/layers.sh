@@ -2,8 +2,10 @@
 # The libraries form a stack (README.md, Layout; CMakeLists.txt): each folder of include/gpt2p/
 # and src/ is one library and may include only its own headers and those of the folders before
 # it in the order below. The torch-free layers include nothing of torch (torch/, ATen/, c10/),
-# so the tools built on them build without libtorch. The test prints every include that breaks
-# either rule as file:line: text and exits 1 if there is one (0 if none).
+# so the tools built on them build without libtorch. The command line stays at the edge: no header
+# but cli/'s own and parallel/train/flags.h (the trainers' flags) includes cli/options.h or
+# Boost.ProgramOptions, so the mechanisms take plain option values. The test prints every include
+# that breaks a rule as file:line: text and exits 1 if there is one (0 if none).
 # usage: tests/style/layers.sh [REPO_ROOT]        (default: two folders above this script)
 set -uo pipefail
 root=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -33,5 +35,9 @@ for i in "${!order[@]}"; do
     done < <(grep -nHE '#include <(torch|ATen|c10)/' $files)
   fi
 done
+while IFS= read -r hit; do
+  [ -n "$hit" ] && { echo "$hit   <- only cli/ and parallel/train/flags.h parse the command line"; bad=1; }
+done < <(grep -rnHE '#include ("gpt2p/cli/options.h"|<boost/program_options)' include/gpt2p |
+           grep -vE '^include/gpt2p/(cli/|parallel/train/flags\.h:)')
 [ $bad = 0 ] && echo "layers: every include goes down the stack (${#order[@]} layers)"
 exit $bad

@@ -90,24 +90,24 @@ class TrainerTest : public ::testing::Test {
   parallel::TrainConfig config(const std::string& out, int64_t max_steps,
                                int64_t blocks = 2) const {
     parallel::TrainConfig c;
-    c.preset = "tiny";
-    c.n_layer = blocks;
-    c.n_embd = 32;
-    c.n_head = 2;
-    c.dropout = 0;
-    c.data = dir + "/data.h5";
-    c.vocab_dir = vocab_dir();
-    c.max_train_pairs = 0;
-    c.max_eval_pairs = 8;
-    c.epochs = 1;
-    c.max_steps = max_steps;
-    c.batch_size = 12;
-    c.seq_len = 16;
-    c.device = gpt2p::parallel::DeviceKind::kCpu;
-    c.out = dir + "/" + out;
-    c.save_every = 2;
-    c.translate_samples = 1;
-    c.log_every = 1;
+    c.model.preset = "tiny";
+    c.model.n_layer = blocks;
+    c.model.n_embd = 32;
+    c.model.n_head = 2;
+    c.model.dropout = 0;
+    c.data.path = dir + "/data.h5";
+    c.data.vocab_dir = vocab_dir();
+    c.data.max_train_pairs = 0;
+    c.data.max_eval_pairs = 8;
+    c.optim.epochs = 1;
+    c.optim.max_steps = max_steps;
+    c.optim.batch_size = 12;
+    c.optim.seq_len = 16;
+    c.compute.device = gpt2p::parallel::DeviceKind::kCpu;
+    c.output.out = dir + "/" + out;
+    c.output.save_every = 2;
+    c.output.translate_samples = 1;
+    c.output.log_every = 1;
     return c;
   }
   std::string rank_file(const std::string& out) const {

@@ -6,17 +6,20 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/parallel/train/loss_scaler.h"
+#include "gpt2p/parallel/train/options.h"
 
 namespace gpt2p::parallel {
 namespace {
 
-TrainConfig config(model::Precision precision, LossScaleMode mode = LossScaleMode::kAuto) {
+// The options as resolve_train_config leaves them (kAuto: dynamic with fp16 only).
+LossScaleOptions config(model::Precision precision, LossScaleMode mode = LossScaleMode::kAuto) {
   TrainConfig c;
-  c.precision = precision;
-  c.loss_scale = mode;
-  c.loss_scale_init = 1024;
-  c.loss_scale_window = 3;
-  return c;
+  c.compute.precision = precision;
+  c.loss_scale.mode = mode;
+  c.loss_scale.init = 1024;
+  c.loss_scale.window = 3;
+  resolve_train_config(c, Program::kSingle, /*cuda_available=*/true);
+  return c.loss_scale;
 }
 
 TEST(LossScaler, OnByDefaultForFp16Only) {
@@ -29,6 +32,8 @@ TEST(LossScaler, OnByDefaultForFp16Only) {
   EXPECT_EQ(off.scale(), 1.0);
   EXPECT_TRUE(off.update(false, nullptr, 0));  // off: never skips
   EXPECT_EQ(off.state().scale, 0.0);
+  // auto is decided once, by resolve_train_config: the scaler refuses an unresolved one.
+  EXPECT_THROW(LossScaler(LossScaleOptions{}, {}), Error);
 }
 
 TEST(LossScaler, HalvesAndSkipsOnOverflowAndDoublesAfterTheWindow) {
@@ -53,8 +58,8 @@ TEST(LossScaler, HalvesAndSkipsOnOverflowAndDoublesAfterTheWindow) {
 
 TEST(LossScaler, StopsGrowingAt2To24) {
   auto c = config(model::Precision::kFp16);
-  c.loss_scale_window = 1;
-  c.loss_scale_init = kMaxLossScale / 2;
+  c.window = 1;
+  c.init = kMaxLossScale / 2;
   LossScaler s(c, {});
   s.update(true, nullptr, 0);
   s.update(true, nullptr, 1);
@@ -73,7 +78,7 @@ TEST(LossScaler, ContinuesFromACheckpointsState) {
 
 TEST(LossScaler, GivesUpWhenEvenTheSmallestScaleOverflows) {
   auto c = config(model::Precision::kFp16);
-  c.loss_scale_init = 1.0 / 512;
+  c.init = 1.0 / 512;
   LossScaler s(c, {});
   EXPECT_FALSE(s.update(false, nullptr, 0));  // 2^-10: still allowed
   try {

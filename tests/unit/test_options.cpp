@@ -5,6 +5,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/options.h"
+#include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/parallel/train/options.h"
 
 using gpt2p::cli::UsageError;
@@ -41,33 +42,33 @@ std::string usage_error(std::vector<std::string> words, Program program = Progra
 
 TEST(TrainOptions, CpuDefaultsAreTheSmallEmbeddedRun) {
   auto c = parse({});
-  EXPECT_EQ(c.device, DeviceKind::kCpu);
-  EXPECT_EQ(c.preset, "tiny");
-  EXPECT_EQ(c.batch_size, 16);
-  EXPECT_EQ(c.out, "runs/dp_train");
-  EXPECT_EQ(c.grad_sync, GradSyncMode::kBucketed);
-  EXPECT_DOUBLE_EQ(c.bucket_mb, 25);
+  EXPECT_EQ(c.compute.device, DeviceKind::kCpu);
+  EXPECT_EQ(c.model.preset, "tiny");
+  EXPECT_EQ(c.optim.batch_size, 16);
+  EXPECT_EQ(c.output.out, "runs/dp_train");
+  EXPECT_EQ(c.data_parallel.grad_sync, GradSyncMode::kBucketed);
+  EXPECT_DOUBLE_EQ(c.data_parallel.bucket_mb, 25);
 }
 
 TEST(TrainOptions, CudaDefaultsFollowHw5) {
   auto c = parse({}, Program::kDataParallel, /*cuda=*/true);
-  EXPECT_EQ(c.device, DeviceKind::kCuda);
-  EXPECT_EQ(c.preset, "gpt2");
-  EXPECT_EQ(c.batch_size, 128);
-  EXPECT_EQ(c.seq_len, 128);
-  EXPECT_EQ(c.epochs, 10);
-  EXPECT_EQ(c.max_train_pairs, 5000);
-  EXPECT_DOUBLE_EQ(c.lr, 1e-4);
+  EXPECT_EQ(c.compute.device, DeviceKind::kCuda);
+  EXPECT_EQ(c.model.preset, "gpt2");
+  EXPECT_EQ(c.optim.batch_size, 128);
+  EXPECT_EQ(c.optim.seq_len, 128);
+  EXPECT_EQ(c.optim.epochs, 10);
+  EXPECT_EQ(c.data.max_train_pairs, 5000);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-4);
 }
 
 TEST(TrainOptions, ExplicitFlagsWin) {
   auto c = parse({"--preset", "gpt2", "--batch-size", "64", "--grad-sync", "per-param", "--lr",
                   "3e-4", "--device", "cpu", "--n-layer", "3"});
-  EXPECT_EQ(c.preset, "gpt2");
-  EXPECT_EQ(c.batch_size, 64);
-  EXPECT_EQ(c.grad_sync, GradSyncMode::kPerParam);
-  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
-  EXPECT_EQ(c.n_layer, 3);
+  EXPECT_EQ(c.model.preset, "gpt2");
+  EXPECT_EQ(c.optim.batch_size, 64);
+  EXPECT_EQ(c.data_parallel.grad_sync, GradSyncMode::kPerParam);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.model.n_layer, 3);
 }
 
 TEST(TrainOptions, BadValuesNameTheFlag) {
@@ -90,19 +91,20 @@ TEST(TrainOptions, PipelineFlagsOnlyOnPpTrain) {
             std::string::npos);
   auto c = parse({"--microbatches", "8", "--batch-size", "32", "--schedule", "gpipe"},
                  Program::kPipeline);
-  EXPECT_EQ(c.microbatches, 8);
-  EXPECT_EQ(c.schedule, gpt2p::pipeline::ScheduleKind::kGPipe);
+  EXPECT_EQ(c.pipeline.microbatches, 8);
+  EXPECT_EQ(c.pipeline.schedule, gpt2p::pipeline::ScheduleKind::kGPipe);
   EXPECT_NE(usage_error({"--microbatches", "5", "--batch-size", "32"}, Program::kPipeline)
                 .find("does not divide"),
             std::string::npos);
   auto mp = parse({"--mode", "model_parallel", "--microbatches", "8"}, Program::kPipeline);
-  EXPECT_EQ(mp.microbatches, 1);
+  EXPECT_EQ(mp.pipeline.microbatches, 1);
 }
 
 TEST(TrainOptions, ZeroBubbleMemoryAllowance) {
-  EXPECT_EQ(parse({"--zero-bubble"}, Program::kPipeline).zb_extra_live, 0);
-  EXPECT_EQ(parse({"--zero-bubble", "--zb-extra-live", "-1"}, Program::kPipeline).zb_extra_live,
-            -1);
+  EXPECT_EQ(parse({"--zero-bubble"}, Program::kPipeline).pipeline.zb_extra_live, 0);
+  EXPECT_EQ(
+      parse({"--zero-bubble", "--zb-extra-live", "-1"}, Program::kPipeline).pipeline.zb_extra_live,
+      -1);
   const auto two = parse({"--zero-bubble", "--zb-extra-live", "2"}, Program::kPipeline);
   EXPECT_EQ(gpt2p::parallel::to_json(two)["zb_extra_live"], 2);
   EXPECT_NE(usage_error({"--zero-bubble", "--zb-extra-live", "-2"}, Program::kPipeline)
@@ -111,10 +113,10 @@ TEST(TrainOptions, ZeroBubbleMemoryAllowance) {
 }
 
 TEST(TrainOptions, StagesPerRankGoWithTheInterleavedSchedule) {
-  EXPECT_EQ(parse({}, Program::kPipeline).stages_per_rank, 1);
-  EXPECT_EQ(parse({"--schedule", "interleaved"}, Program::kPipeline).stages_per_rank, 2);
+  EXPECT_EQ(parse({}, Program::kPipeline).pipeline.stages_per_rank, 1);
+  EXPECT_EQ(parse({"--schedule", "interleaved"}, Program::kPipeline).pipeline.stages_per_rank, 2);
   EXPECT_EQ(parse({"--schedule", "interleaved", "--stages-per-rank", "3"}, Program::kPipeline)
-                .stages_per_rank,
+                .pipeline.stages_per_rank,
             3);
   EXPECT_NE(usage_error({"--stages-per-rank", "2"}, Program::kPipeline)
                 .find("--stages-per-rank 2 does not fit --schedule 1f1b"),
@@ -125,8 +127,8 @@ TEST(TrainOptions, StagesPerRankGoWithTheInterleavedSchedule) {
   // model_parallel runs one micro-batch on one stage per rank whatever the schedule says.
   const auto mp =
       parse({"--mode", "model_parallel", "--schedule", "interleaved"}, Program::kPipeline);
-  EXPECT_EQ(mp.stages_per_rank, 1);
-  EXPECT_EQ(mp.schedule, gpt2p::pipeline::ScheduleKind::kOneFOneB);
+  EXPECT_EQ(mp.pipeline.stages_per_rank, 1);
+  EXPECT_EQ(mp.pipeline.schedule, gpt2p::pipeline::ScheduleKind::kOneFOneB);
   EXPECT_EQ(gpt2p::parallel::to_json(
                 parse({"--schedule", "interleaved"}, Program::kPipeline))["stages_per_rank"],
             2);
@@ -190,11 +192,11 @@ TEST(TrainOptions, BoundaryValuesInRangeAreAccepted) {
   const auto c = parse({"--dropout", "0", "--max-train-pairs", "0", "--max-eval-pairs", "0",
                         "--translate-samples", "0", "--grad-clip", "0", "--weight-decay", "0",
                         "--seq-len", "2", "--warmup-epochs", "0"});
-  EXPECT_DOUBLE_EQ(c.dropout, 0);
-  EXPECT_EQ(c.max_train_pairs, 0);
-  EXPECT_EQ(c.translate_samples, 0);
-  EXPECT_EQ(c.seq_len, 2);
-  EXPECT_DOUBLE_EQ(parse({"--dropout", "0.99"}).dropout, 0.99);
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0);
+  EXPECT_EQ(c.data.max_train_pairs, 0);
+  EXPECT_EQ(c.output.translate_samples, 0);
+  EXPECT_EQ(c.optim.seq_len, 2);
+  EXPECT_DOUBLE_EQ(parse({"--dropout", "0.99"}).model.dropout, 0.99);
 }
 
 TEST(Kernels, AutoTakesTheReferenceKernelsOnGpusOlderThanSm80) {

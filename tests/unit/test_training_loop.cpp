@@ -97,14 +97,14 @@ class TrainingLoop : public ::testing::Test {
     const auto split = gpt2p::testing::synthetic_split(16, 7);
     data::write_dataset_file(path("data.h5"), meta,
                              {{"train", split}, {"validation", split}, {"test", split}});
-    cfg.out = path("run");
-    cfg.epochs = 2;
-    cfg.max_steps = 0;
-    cfg.save_every = 0;
-    cfg.log_every = 1;
-    cfg.seed = 3;
-    cfg.batch_size = 4;
-    cfg.seq_len = 16;
+    cfg.output.out = path("run");
+    cfg.optim.epochs = 2;
+    cfg.optim.max_steps = 0;
+    cfg.output.save_every = 0;
+    cfg.output.log_every = 1;
+    cfg.optim.seed = 3;
+    cfg.optim.batch_size = 4;
+    cfg.optim.seq_len = 16;
   }
 
   std::string path(const std::string& name) const { return (*dir_) / name; }
@@ -115,20 +115,20 @@ class TrainingLoop : public ::testing::Test {
     o.path = path("data.h5");
     o.tokenizer_identity = "synthetic";
     o.vocab_size = 50260;
-    o.global_batch = cfg.batch_size;
-    o.seq_len = cfg.seq_len;
-    o.seed = cfg.seed;
+    o.global_batch = cfg.optim.batch_size;
+    o.seq_len = cfg.optim.seq_len;
+    o.seed = cfg.optim.seed;
     return TrainData(o, 0, 1);
   }
 
   // Trains from `state` with `strategy`'s data; returns run_training's exit code.
   int train(TrainData& data, RecordingStrategy& strategy, const model::TrainState& state = {},
             io::RecordMode mode = io::RecordMode::kCreate) {
-    fs::create_directories(cfg.out);
+    fs::create_directories(cfg.output.out);
     io::RunIdentity id;
     id.program = "test_loop";
     id.config_json = "{}";
-    io::RunRecorder recorder(cfg.out, id, mode);
+    io::RunRecorder recorder(cfg.output.out, id, mode);
     LoopSetup setup;
     setup.program = "test_loop";
     return run_training(LoopContext{cfg, torch::kCPU, comm, control}, data, recorder, state, setup,
@@ -136,7 +136,7 @@ class TrainingLoop : public ::testing::Test {
   }
 
   std::vector<double> recorded_steps() const {
-    return gpt2p::testing::read_column(cfg.out + "/rank0.h5", "/steps/step");
+    return gpt2p::testing::read_column(cfg.output.out + "/rank0.h5", "/steps/step");
   }
 
   TrainConfig cfg;
@@ -156,17 +156,17 @@ TEST_F(TrainingLoop, EveryEpochTrainsEvaluatesAndCommitsAtItsEnd) {
   EXPECT_EQ(s.evaluations, (std::vector<int64_t>{0, 1}));
   // --save-every 0: one checkpoint per epoch, resuming at the next epoch's first batch.
   EXPECT_EQ(s.saves, (std::vector<At>{{4, 1, 0}, {8, 2, 0}}));
-  EXPECT_EQ(s.save_dirs.front(), cfg.out + "/checkpoint");
+  EXPECT_EQ(s.save_dirs.front(), cfg.output.out + "/checkpoint");
   EXPECT_EQ(s.modes, (std::vector<bool>{true, false, true, false}));
   EXPECT_EQ(s.cancels, 0);
   EXPECT_EQ(recorded_steps(), (std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(gpt2p::testing::read_column(cfg.out + "/rank0.h5", "/epochs/epoch"),
+  EXPECT_EQ(gpt2p::testing::read_column(cfg.output.out + "/rank0.h5", "/epochs/epoch"),
             (std::vector<double>{0, 1}));
 }
 
 TEST_F(TrainingLoop, SaveEveryAndMaxStepsCommitWhereTheNextStepStarts) {
-  cfg.save_every = 2;
-  cfg.max_steps = 5;
+  cfg.output.save_every = 2;
+  cfg.optim.max_steps = 5;
   auto data = open_data();
   RecordingStrategy s(data);
   ASSERT_EQ(train(data, s), 0);
@@ -182,7 +182,7 @@ TEST_F(TrainingLoop, SaveEveryAndMaxStepsCommitWhereTheNextStepStarts) {
 }
 
 TEST_F(TrainingLoop, AResumeContinuesAtItsStepAndBatch) {
-  cfg.save_every = 2;
+  cfg.output.save_every = 2;
   auto data = open_data();
   model::TrainState state;
   state.step = 2;
@@ -199,7 +199,7 @@ TEST_F(TrainingLoop, AResumeContinuesAtItsStepAndBatch) {
 }
 
 TEST_F(TrainingLoop, AResumeOfAFinishedRunTrainsNothing) {
-  cfg.max_steps = 3;
+  cfg.optim.max_steps = 3;
   auto data = open_data();
   model::TrainState state;
   state.step = 3;
@@ -225,7 +225,7 @@ TEST_F(TrainingLoop, AStopSignalInAStepCommitsAfterItAndEndsTheRun) {
   EXPECT_EQ(s.cancels, 1) << "the batch taken early goes back";
   EXPECT_EQ(data.position().batch, 2) << "the data stands where the next step starts";
   EXPECT_TRUE(s.evaluations.empty()) << "a stop inside an epoch does not evaluate it";
-  EXPECT_TRUE(fs::exists(cfg.out + "/stopped.json"));
+  EXPECT_TRUE(fs::exists(cfg.output.out + "/stopped.json"));
   EXPECT_EQ(recorded_steps(), (std::vector<double>{0, 1}));
 }
 
@@ -241,7 +241,7 @@ TEST_F(TrainingLoop, AStopOnAnEpochsLastBatchRecordsTheEpochAndResumesAfterIt) {
   // The epoch's row is written; its evaluation sees the agreed stop at once.
   EXPECT_EQ(s.evaluations, (std::vector<int64_t>{0}));
   EXPECT_EQ(s.saves, (std::vector<At>{{4, 1, 0}})) << "one checkpoint, at the next epoch";
-  EXPECT_EQ(gpt2p::testing::read_column(cfg.out + "/rank0.h5", "/epochs/epoch"),
+  EXPECT_EQ(gpt2p::testing::read_column(cfg.output.out + "/rank0.h5", "/epochs/epoch"),
             (std::vector<double>{0}));
 }
 

@@ -110,10 +110,10 @@ struct StepProfiler::Impl {
 
 StepProfiler::StepProfiler(const parallel::TrainConfig& cfg, const torch::Device& device, int rank,
                            int64_t first_step) {
-  if (cfg.profile.empty()) return;
+  if (cfg.output.profile.empty()) return;
   impl_ = std::make_unique<Impl>(
-      device, cfg.profile + "/trace_rank" + std::to_string(rank) + ".json",
-      first_step + kProfileSkip, first_step + kProfileSkip + cfg.profile_steps, rank == 0);
+      device, cfg.output.profile + "/trace_rank" + std::to_string(rank) + ".json",
+      first_step + kProfileSkip, first_step + kProfileSkip + cfg.output.profile_steps, rank == 0);
 }
 
 // A run that ends inside the profiled steps (--max-steps, a stop signal, the last epoch) still
@@ -204,12 +204,14 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
 
 void check_resume_position(const model::TrainState& state, const TrainConfig& cfg,
                            int64_t batches_per_epoch) {
-  GPT2P_CHECK(state.epoch < cfg.epochs || (state.epoch == cfg.epochs && state.batch_in_epoch == 0),
-              "checkpoint " << cfg.resume << " is at epoch " << state.epoch << " (batch "
-                            << state.batch_in_epoch << "), past this run's --epochs " << cfg.epochs,
+  GPT2P_CHECK(state.epoch < cfg.optim.epochs ||
+                  (state.epoch == cfg.optim.epochs && state.batch_in_epoch == 0),
+              "checkpoint " << cfg.output.resume << " is at epoch " << state.epoch << " (batch "
+                            << state.batch_in_epoch << "), past this run's --epochs "
+                            << cfg.optim.epochs,
               "raise --epochs to continue it, or check that meta.json is the one this run wrote");
   GPT2P_CHECK(state.batch_in_epoch < batches_per_epoch,
-              "checkpoint " << cfg.resume << " is at batch " << state.batch_in_epoch
+              "checkpoint " << cfg.output.resume << " is at batch " << state.batch_in_epoch
                             << " of an epoch, but an epoch of this run has " << batches_per_epoch
                             << " batches",
               "resume with the --batch-size and --max-train-pairs of the run that wrote it");
@@ -225,7 +227,7 @@ nlohmann::json recorded_config(const TrainConfig& cfg, const TrainData& data) {
 void check_resume_identity(const model::TrainState& state, const TrainConfig& cfg,
                            const TrainData& data, int rank) {
   const auto& old = state.config;
-  const std::string ck = "checkpoint " + cfg.resume;
+  const std::string ck = "checkpoint " + cfg.output.resume;
   if (!old.is_object() || !old.contains("tokenizer_identity") ||
       !old.contains("train_fingerprint")) {
     if (rank == 0) {
@@ -239,16 +241,17 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
   if (old.contains("tokenizer_identity")) {
     GPT2P_CHECK(old["tokenizer_identity"] == data.tokenizer_identity(),
                 ck << " was trained with tokenizer " << old["tokenizer_identity"].dump()
-                   << ", but --data " << cfg.data << " was made with " << data.tokenizer_identity(),
+                   << ", but --data " << cfg.data.path << " was made with "
+                   << data.tokenizer_identity(),
                 "resume on the dataset the run trained on (its --data and --vocab-dir)");
   }
   if (old.contains("train_fingerprint")) {
     GPT2P_CHECK(old["train_fingerprint"] == data.train_fingerprint(),
                 ck << " was trained on other training data (fingerprint "
-                   << old["train_fingerprint"].dump() << "; --data " << cfg.data << " has "
+                   << old["train_fingerprint"].dump() << "; --data " << cfg.data.path << " has "
                    << data.train_fingerprint() << ")",
                 "resume on the dataset the run trained on, or start a new run with --init-from "
-                    << cfg.resume);
+                    << cfg.output.resume);
   }
   const auto now = to_json(cfg);
   // The data order and position depend on these: a resume cannot continue with others.
@@ -261,7 +264,7 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
                "resume with --" << flag << " " << old[key].dump()
                                 << " (it decides the data order), or start a new run with "
                                    "--init-from "
-                                << cfg.resume);
+                                << cfg.output.resume);
   }
   if (rank != 0) return;
   for (const auto& [key, value] : now.items()) {
@@ -271,6 +274,8 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
     }
     std::string flag = key;
     std::replace(flag.begin(), flag.end(), '_', '-');
+    // Before the options were resolved once, the record kept --loss-scale auto as given.
+    if (key == "loss_scale" && old[key] == "auto") continue;
     std::fprintf(stderr, "note: resuming with --%s %s; the checkpoint's run had %s\n", flag.c_str(),
                  value.dump().c_str(), old[key].dump().c_str());
   }

@@ -13,6 +13,7 @@
 
 #include "gpt2p/cli/config_agreement.h"
 #include "gpt2p/cli/main_guard.h"
+#include "gpt2p/cli/options.h"
 #include "gpt2p/comm/gpu_placement.h"
 #include "gpt2p/compat/attention.h"
 #include "gpt2p/compat/device.h"
@@ -36,40 +37,40 @@ void check_output(const parallel::TrainConfig& cfg, parallel::Program program, i
                   std::unique_ptr<DirLock>& lock) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  fs::create_directories(cfg.out, ec);
-  if (ec || ::access(cfg.out.c_str(), W_OK) != 0) {
-    throw cli::UsageError("--out " + cfg.out + ": cannot write there (" +
+  fs::create_directories(cfg.output.out, ec);
+  if (ec || ::access(cfg.output.out.c_str(), W_OK) != 0) {
+    throw cli::UsageError("--out " + cfg.output.out + ": cannot write there (" +
                           (ec ? ec.message() : std::string(std::strerror(errno))) +
                           ") -- fix: pass a writable directory");
   }
   if (rank == 0) {
     DirLock::Outcome outcome{};
     std::string detail;
-    lock = DirLock::acquire(cfg.out, program_name(program), outcome, detail);
+    lock = DirLock::acquire(cfg.output.out, program_name(program), outcome, detail);
     if (outcome == DirLock::Outcome::kBusy) {
-      throw cli::UsageError("--out " + cfg.out + " is in use by " + detail +
+      throw cli::UsageError("--out " + cfg.output.out + " is in use by " + detail +
                             " -- fix: wait for that job to end or stop it, or pick another --out");
     }
     if (outcome == DirLock::Outcome::kUnsupported) {
       std::fprintf(stderr,
                    "warning: --out %s: the file system refuses locks (%s), so a second job "
                    "started on this --out would not be refused\n",
-                   cfg.out.c_str(), detail.c_str());
+                   cfg.output.out.c_str(), detail.c_str());
     }
   }
-  if (!fs::is_regular_file(cfg.data)) {
-    throw cli::UsageError("--data " + cfg.data +
-                          ": no such file -- fix: make it with prepare_data --out " + cfg.data +
-                          " (scripts/run does), or pass the dataset's path");
+  if (!fs::is_regular_file(cfg.data.path)) {
+    throw cli::UsageError("--data " + cfg.data.path +
+                          ": no such file -- fix: make it with prepare_data --out " +
+                          cfg.data.path + " (scripts/run does), or pass the dataset's path");
   }
-  const std::string checkpoint = cfg.out + "/checkpoint";
-  if (cfg.resume.empty() && !cfg.overwrite && fs::exists(checkpoint)) {
-    throw cli::UsageError("--out " + cfg.out + " already holds a checkpoint (" + checkpoint +
+  const std::string checkpoint = cfg.output.out + "/checkpoint";
+  if (cfg.output.resume.empty() && !cfg.output.overwrite && fs::exists(checkpoint)) {
+    throw cli::UsageError("--out " + cfg.output.out + " already holds a checkpoint (" + checkpoint +
                           ") that this fresh run would replace -- fix: continue it with --resume " +
                           checkpoint + ", start over with --overwrite, or pick another --out");
   }
-  if (!cfg.resume.empty() && !fs::is_directory(cfg.resume)) {
-    throw cli::UsageError("--resume " + cfg.resume +
+  if (!cfg.output.resume.empty() && !fs::is_directory(cfg.output.resume)) {
+    throw cli::UsageError("--resume " + cfg.output.resume +
                           ": no such checkpoint directory -- fix: pass the checkpoint directory a "
                           "run wrote (<out>/checkpoint)");
   }
@@ -86,10 +87,10 @@ struct Placement {
 
 Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
                      std::chrono::milliseconds timeout) {
-  const bool gpu = cfg.device == parallel::DeviceKind::kCuda;
+  const bool gpu = cfg.compute.device == parallel::DeviceKind::kCuda;
   cli::on_every_rank(
       [&] {
-        if (!gpu && cfg.comm == comm::Backend::kNccl) {
+        if (!gpu && cfg.comm.backend == comm::Backend::kNccl) {
           throw cli::UsageError("--comm nccl needs --device cuda -- fix: use --comm auto or mpi");
         }
         if (gpu && torch::cuda::device_count() < 1) {
@@ -104,7 +105,7 @@ Placement place_rank(const parallel::TrainConfig& cfg, const Topology& topo,
   p.gpus = comm::place_on_gpus(topo, static_cast<int>(torch::cuda::device_count()),
                                compat::gpu_bus_id, timeout);
   p.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.gpus.gpu));
-  p.backend = cfg.comm == comm::Backend::kMpi ? comm::Backend::kMpi : comm::Backend::kNccl;
+  p.backend = cfg.comm.backend == comm::Backend::kMpi ? comm::Backend::kMpi : comm::Backend::kNccl;
   if (p.backend == comm::Backend::kNccl) comm::give_nccl_ranks_own_hosts(p.gpus, topo.rank);
   return p;
 }
@@ -118,15 +119,15 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   std::unique_ptr<DirLock> out_lock;
   cli::on_every_rank([&] {
     parallel::resolve_train_config(cfg, program, compat::cuda_available());
-    // cfg.microbatches is resolved: 1 for model parallelism.
-    mesh = make_job_mesh(program_name(program), topo.size, topo.rank, cfg.dp, cfg.batch_size,
-                         cfg.microbatches, cfg.zero);
-    compat::set_attention_backend(cfg.attention);
-    if (!cfg.profile.empty()) compat::Profiler::require_available();
+    // cfg.pipeline.microbatches is resolved: 1 for model parallelism.
+    mesh = make_job_mesh(program_name(program), topo.size, topo.rank, cfg.pipeline.dp,
+                         cfg.optim.batch_size, cfg.pipeline.microbatches, cfg.data_parallel.zero);
+    compat::set_attention_backend(cfg.compute.attention);
+    if (!cfg.output.profile.empty()) compat::Profiler::require_available();
     check_output(cfg, program, topo.rank, out_lock);
-    tokenizer.emplace(data::BpeTokenizer::from_dir(cfg.vocab_dir));
+    tokenizer.emplace(data::BpeTokenizer::from_dir(cfg.data.vocab_dir));
   });
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));
   cli::check_same_config(parallel::to_json(cfg), timeout);
   const auto special = data::register_special_tokens(*tokenizer);
   const Placement placement = place_rank(cfg, topo, timeout);
@@ -184,7 +185,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     torch::set_num_threads(
         static_cast<int>(std::max(1U, cores / static_cast<unsigned>(topo.local_size))));
   }
-  compat::set_strict_fp32(ctx.cfg.precision == model::Precision::kFp32);
+  compat::set_strict_fp32(ctx.cfg.compute.precision == model::Precision::kFp32);
   // The mesh's communicators (mesh_comms.h); every rank is here: the placement's timed
   // agreement has just passed.
   std::array<int, kMeshDims> channels{};
@@ -193,7 +194,7 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
     // other (pipeline/runtime/executor.h); with several stages per rank, two more for the
     // transfers that wrap from the last rank to the first and back.
     channels[static_cast<int>(MeshDim::kPp)] =
-        ctx.cfg.stages_per_rank > 1 ? pipeline::kNumChannels : 2;
+        ctx.cfg.pipeline.stages_per_rank > 1 ? pipeline::kNumChannels : 2;
     // The replicas of this rank's stages, over which their gradients are reduced.
     channels[static_cast<int>(MeshDim::kDp)] = mesh.dp() > 1 ? 1 : 0;
   } else {
@@ -206,18 +207,18 @@ RunContext make_run_context(parallel::TrainConfig cfg, parallel::Program program
   ctx.control = comm::make_communicator(control);
   ctx.model_config = model_config_for(ctx.cfg, ctx.tokenizer.vocab_size());
   const int capability = compat::compute_capability(ctx.device);
-  model::check_precision(ctx.cfg.precision, ctx.device.is_cuda(), capability);
-  const model::KernelTarget target{ctx.device.is_cuda(), capability, ctx.cfg.precision};
-  ctx.kernels = model::resolve_kernels(ctx.cfg.kernels, target);
-  ctx.kernels_fallback = model::kernels_fallback_reason(ctx.cfg.kernels, target);
-  ctx.autocast = model::autocast_type(ctx.cfg.precision);
+  model::check_precision(ctx.cfg.compute.precision, ctx.device.is_cuda(), capability);
+  const model::KernelTarget target{ctx.device.is_cuda(), capability, ctx.cfg.compute.precision};
+  ctx.kernels = model::resolve_kernels(ctx.cfg.compute.kernels, target);
+  ctx.kernels_fallback = model::kernels_fallback_reason(ctx.cfg.compute.kernels, target);
+  ctx.autocast = model::autocast_type(ctx.cfg.compute.precision);
   const auto& mc = ctx.model_config;
   ctx.attention =
       compat::attention_backend(ctx.device, ctx.device.is_cuda() ? ctx.autocast : torch::kFloat32,
-                                mc.n_head, ctx.cfg.seq_len, mc.head_dim(), mc.dropout);
-  ctx.peak_flops = ctx.device.is_cuda()
-                       ? model::peak_flops(compat::device_name(ctx.device), ctx.cfg.precision)
-                       : 0.0;
+                                mc.n_head, ctx.cfg.optim.seq_len, mc.head_dim(), mc.dropout);
+  ctx.peak_flops = ctx.device.is_cuda() ? model::peak_flops(compat::device_name(ctx.device),
+                                                            ctx.cfg.compute.precision)
+                                        : 0.0;
   return ctx;
 }
 
@@ -231,22 +232,22 @@ void open_train_data(const RunContext& ctx, int rank, int world, std::optional<T
   const auto& cfg = ctx.cfg;
   cli::on_every_rank(
       [&] {
-        data.emplace(
-            TrainDataOptions{cfg.data, ctx.tokenizer.identity(), ctx.tokenizer.vocab_size(),
-                             cfg.max_train_pairs, cfg.batch_size, cfg.seq_len, cfg.seed},
-            rank, world);
+        data.emplace(TrainDataOptions{cfg.data.path, ctx.tokenizer.identity(),
+                                      ctx.tokenizer.vocab_size(), cfg.data.max_train_pairs,
+                                      cfg.optim.batch_size, cfg.optim.seq_len, cfg.optim.seed},
+                     rank, world);
       },
       ctx.checkpoint_timeout());
 }
 
 model::GPT2Config model_config_for(const parallel::TrainConfig& cfg, int64_t vocab_size) {
-  auto c = model::preset(cfg.preset);
-  if (cfg.n_layer > 0) c.n_layer = cfg.n_layer;
-  if (cfg.n_head > 0) c.n_head = cfg.n_head;
-  if (cfg.n_embd > 0) c.n_embd = cfg.n_embd;
-  if (cfg.dropout >= 0) c.dropout = cfg.dropout;
+  auto c = model::preset(cfg.model.preset);
+  if (cfg.model.n_layer > 0) c.n_layer = cfg.model.n_layer;
+  if (cfg.model.n_head > 0) c.n_head = cfg.model.n_head;
+  if (cfg.model.n_embd > 0) c.n_embd = cfg.model.n_embd;
+  if (cfg.model.dropout >= 0) c.dropout = cfg.model.dropout;
   c.vocab_size = vocab_size;
-  c.n_ctx = std::max(c.n_ctx, cfg.seq_len);
+  c.n_ctx = std::max(c.n_ctx, cfg.optim.seq_len);
   c.validate();
   return c;
 }
@@ -309,21 +310,23 @@ void init_from(model::GPT2& model, const std::string& dir, bool allow_unverified
 model::GPT2 make_model(const RunContext& ctx, const std::optional<model::LayerRange>& range) {
   const auto& cfg = ctx.cfg;
   auto model = range ? model::GPT2(ctx.model_config, *range) : model::GPT2(ctx.model_config);
-  model->reset_parameters(cfg.seed);
-  if (!cfg.init_from.empty()) {
-    cli::on_every_rank([&] { init_from(model, cfg.init_from, cfg.allow_unverified_checkpoint); },
-                       ctx.checkpoint_timeout());
+  model->reset_parameters(cfg.optim.seed);
+  if (!cfg.output.init_from.empty()) {
+    cli::on_every_rank(
+        [&] { init_from(model, cfg.output.init_from, cfg.output.allow_unverified_checkpoint); },
+        ctx.checkpoint_timeout());
   }
   model->to(ctx.device);
   model->set_kernels(ctx.kernels);
-  model->set_recompute(cfg.recompute);
+  model->set_recompute(cfg.compute.recompute);
   return model;
 }
 
 std::unique_ptr<compat::FusedAdamW> make_adamw(const TrainConfig& cfg,
                                                std::vector<torch::Tensor> params) {
   return std::make_unique<compat::FusedAdamW>(
-      std::move(params), torch::optim::AdamWOptions(cfg.lr).weight_decay(cfg.weight_decay));
+      std::move(params),
+      torch::optim::AdamWOptions(cfg.optim.lr).weight_decay(cfg.optim.weight_decay));
 }
 
 io::RunIdentity run_identity(const RunContext& ctx, const char* program) {

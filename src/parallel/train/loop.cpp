@@ -15,13 +15,13 @@ namespace gpt2p::parallel {
 int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recorder,
                  const model::TrainState& state, const LoopSetup& setup, StepStrategy& strategy) {
   const auto& cfg = ctx.cfg;
-  clear_stopped(cfg.out, setup.rank);
+  clear_stopped(cfg.output.out, setup.rank);
   // One start for all ranks: every rank's times count from here, so stages line up in timelines.
   ctx.comm.barrier();
   const auto run_start = Clock::now();
   const auto now = [&] { return std::chrono::duration<double>(Clock::now() - run_start).count(); };
   const int64_t per_epoch = data.batches_per_epoch();
-  const std::string checkpoint = cfg.out + "/checkpoint";
+  const std::string checkpoint = cfg.output.out + "/checkpoint";
   int64_t step = state.step;
   int64_t saved_step = state.step;  // the step the newest checkpoint holds (a resume's own)
   const auto save = [&](int64_t epoch, int64_t next_batch) {
@@ -30,7 +30,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
     saved.step = step;
     saved.epoch = at.epoch;
     saved.batch_in_epoch = at.batch;
-    saved.seed = cfg.seed;
+    saved.seed = cfg.optim.seed;
     saved.config = recorded_config(cfg, data);
     if (setup.scaler != nullptr) {
       const LossScaleState scaling = setup.scaler->state();
@@ -46,19 +46,20 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
   double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
   const auto stopped = [&](int signal) {
     recorder.close();
-    report_stopped(setup.program, signal, step, cfg.out, setup.rank);
+    report_stopped(setup.program, signal, step, cfg.output.out, setup.rank);
     return cli::kExitStopped;
   };
   StepProfiler profiler(cfg, ctx.device, setup.rank, state.step);
   // A checkpoint already at --max-steps (a resume of a finished run) has nothing left to train.
-  bool done = cfg.max_steps > 0 && step >= cfg.max_steps;
+  bool done = cfg.optim.max_steps > 0 && step >= cfg.optim.max_steps;
   if (done && setup.rank == 0) {
     std::printf("%s: nothing to train: the run is at step %lld and --max-steps is %lld\n",
-                setup.program, static_cast<long long>(step), static_cast<long long>(cfg.max_steps));
+                setup.program, static_cast<long long>(step),
+                static_cast<long long>(cfg.optim.max_steps));
     std::fflush(stdout);
   }
   int stopped_by = 0;  // the signal that stopped the run
-  for (int64_t epoch = state.epoch; epoch < cfg.epochs && !done; ++epoch) {
+  for (int64_t epoch = state.epoch; epoch < cfg.optim.epochs && !done; ++epoch) {
     strategy.set_training(true);
     compat::reset_peak_memory(ctx.device);
     EpochTotals totals;
@@ -69,13 +70,14 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
       rec.epoch = epoch;
       profiler.before_step(step);
       rec.start = now();
-      const bool more = b + 1 < per_epoch && (cfg.max_steps == 0 || step + 1 < cfg.max_steps);
+      const bool more =
+          b + 1 < per_epoch && (cfg.optim.max_steps == 0 || step + 1 < cfg.optim.max_steps);
       const double run_flops = strategy.step(rec, more);
       rec.end = now();
       finish_step(
           recorder, rec, totals,
-          {epoch, cfg.epochs, b, per_epoch, cfg.log_every, setup.rank == 0, setup.tokens_factor,
-           ctx.peak_flops, run_flops, setup.ranks,
+          {epoch, cfg.optim.epochs, b, per_epoch, cfg.output.log_every, setup.rank == 0,
+           setup.tokens_factor, ctx.peak_flops, run_flops, setup.ranks,
            setup.scaler != nullptr && setup.scaler->enabled() ? setup.scaler->state().skipped_steps
                                                               : -1});
       profiler.after_step(step);
@@ -83,7 +85,8 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
       end_epoch_at = epoch;
       end_batch_at = b + 1;
       if (advance_step(
-              step, cfg.save_every, cfg.max_steps, [&] { save(epoch, b + 1); }, stopped_by != 0)) {
+              step, cfg.output.save_every, cfg.optim.max_steps, [&] { save(epoch, b + 1); },
+              stopped_by != 0)) {
         strategy.cancel_next();
         if (stopped_by != 0) save(epoch, b + 1);
         done = true;
@@ -110,7 +113,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
     const EpochEval val = strategy.evaluate(epoch, stop);
     if (!val.stopped) stop();  // also a signal that came during rank 0's translations
     recorder.epoch(epoch_record(epoch, totals, val.loss, val.perplexity, val.bleu));
-    if ((cfg.save_every == 0 || stopped_by != 0) && !stopped_in_training) {
+    if ((cfg.output.save_every == 0 || stopped_by != 0) && !stopped_in_training) {
       save(resume_at.epoch, resume_at.batch);
     }
     // Evaluation and the checkpoints must not leak into another rank's next timed step.
@@ -121,7 +124,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
     }
   }
   // --save-every N commits every N steps; a finished run also commits its last steps.
-  if (cfg.save_every > 0 && saved_step != step) save(end_epoch_at, end_batch_at);
+  if (cfg.output.save_every > 0 && saved_step != step) save(end_epoch_at, end_batch_at);
   recorder.set_attribute("peak_memory_bytes", run_peak);
   recorder.close();
   if (setup.ranks > 1) ctx.comm.barrier();

@@ -10,11 +10,10 @@
 
 namespace gpt2p::parallel {
 
-LossScaler::LossScaler(const TrainConfig& cfg, const LossScaleState& resumed)
-    : enabled_(
-          cfg.loss_scale == LossScaleMode::kDynamic ||
-          (cfg.loss_scale == LossScaleMode::kAuto && cfg.precision == model::Precision::kFp16)),
-      window_(cfg.loss_scale_window) {
+LossScaler::LossScaler(const LossScaleOptions& options, const LossScaleState& resumed)
+    : enabled_(options.mode == LossScaleMode::kDynamic), window_(options.window) {
+  GPT2P_CHECK(options.mode != LossScaleMode::kAuto, "LossScaler: --loss-scale auto is not resolved",
+              "resolve the options (resolve_train_config) before building the scaler");
   if (const char* env = std::getenv("GPT2P_INJECT_NONFINITE_GRADS"); env != nullptr) {
     std::stringstream list(env);
     std::string item;
@@ -34,7 +33,7 @@ LossScaler::LossScaler(const TrainConfig& cfg, const LossScaleState& resumed)
   if (resumed.scale > 0) {
     state_ = resumed;
   } else {
-    state_.scale = cfg.loss_scale_init;
+    state_.scale = options.init;
   }
 }
 

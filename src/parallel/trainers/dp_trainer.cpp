@@ -44,9 +44,9 @@ class DataParallelStep final : public StepStrategy {
         reducer_(reducer),
         scaler_(scaler),
         world_(ctx.topo.size),
-        micro_(data.local_batch() / ctx.cfg.grad_accum),
-        positions_(ctx.cfg.loss_positions),
-        clock_(ctx.device, 2 * ctx.cfg.grad_accum + 3) {}
+        micro_(data.local_batch() / ctx.cfg.optim.grad_accum),
+        positions_(ctx.cfg.compute.loss_positions),
+        clock_(ctx.device, 2 * ctx.cfg.optim.grad_accum + 3) {}
 
   void set_training(bool training) override { training ? model_->train() : model_->eval(); }
 
@@ -58,7 +58,7 @@ class DataParallelStep final : public StepStrategy {
     clock_.mark(0);
     const double scale = scaler_.scale();
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
-    for (int k = 0; k < cfg_.grad_accum; ++k) {
+    for (int k = 0; k < cfg_.optim.grad_accum; ++k) {
       torch::Tensor loss;
       {
         compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
@@ -66,24 +66,24 @@ class DataParallelStep final : public StepStrategy {
                             model::scaled(cur.rows[static_cast<size_t>(k)], scale), ctx_.autocast);
       }
       clock_.mark(1 + 2 * k);
-      reducer_.begin_backward(k + 1 == cfg_.grad_accum);
+      reducer_.begin_backward(k + 1 == cfg_.optim.grad_accum);
       loss.backward();
       clock_.mark(2 + 2 * k);
       loss_sum += loss.detach();
     }
     reducer_.finish_grad_sync();
-    const int sync_mark = 2 * cfg_.grad_accum + 1;
+    const int sync_mark = 2 * cfg_.optim.grad_accum + 1;
     clock_.mark(sync_mark);
     // The gradients are unscaled while clipped; with loss scaling the host reads their norm and
     // the ranks agree to skip a step whose gradients overflowed.
     bool apply = true;
-    if (cfg_.grad_clip > 0 || scaler_.enabled()) {
+    if (cfg_.optim.grad_clip > 0 || scaler_.enabled()) {
       if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) {
         // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
         reducer_.scale_grads(
             torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device)));
       }
-      const auto norm = reducer_.clip_grad_norm(cfg_.grad_clip, 1 / scale);
+      const auto norm = reducer_.clip_grad_norm(cfg_.optim.grad_clip, 1 / scale);
       if (scaler_.enabled()) {
         apply = scaler_.update(std::isfinite(norm.item<double>()), ctx_.control.get(), rec.step);
       }
@@ -101,7 +101,7 @@ class DataParallelStep final : public StepStrategy {
       ahead_ = prepare();
     }
     reducer_.wait_params();
-    for (int k = 0; k < cfg_.grad_accum; ++k) {
+    for (int k = 0; k < cfg_.optim.grad_accum; ++k) {
       rec.forward += clock_.elapsed(2 * k, 1 + 2 * k);
       rec.backward += clock_.elapsed(1 + 2 * k, 2 + 2 * k);
     }
@@ -116,9 +116,10 @@ class DataParallelStep final : public StepStrategy {
     rec.loss = batch.batch.target_tokens > 0
                    ? local_sum / static_cast<double>(batch.batch.target_tokens)
                    : 0.0;
-    rec.lr = cfg_.lr;
+    rec.lr = cfg_.optim.lr;
     rec.flops = model::training_flops(
-        ctx_.model_config, 0, ctx_.model_config.num_stage_layers(), rec.padded_tokens, cfg_.seq_len,
+        ctx_.model_config, 0, ctx_.model_config.num_stage_layers(), rec.padded_tokens,
+        cfg_.optim.seq_len,
         positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
     return rec.flops * world_;
   }
@@ -147,16 +148,17 @@ class DataParallelStep final : public StepStrategy {
       compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
       return model_->forward(ids).to(torch::kFloat32);
     };
-    const auto val = validation_loss(
-        logits_fn, data_.dataset().split("validation"), cfg_.max_eval_pairs, micro_, cfg_.seq_len,
-        data_.special(), vocab, ctx_.device, world_ > 1 ? &ctx_.step_comm() : nullptr, stop);
+    const auto val =
+        validation_loss(logits_fn, data_.dataset().split("validation"), cfg_.data.max_eval_pairs,
+                        micro_, cfg_.optim.seq_len, data_.special(), vocab, ctx_.device,
+                        world_ > 1 ? &ctx_.step_comm() : nullptr, stop);
     EpochEval out{val.loss, val.perplexity, std::nan(""), val.stopped};
     if (val.stopped) return out;
     const int rank = ctx_.topo.rank;
-    if (rank == 0 && cfg_.translate_samples > 0) {
+    if (rank == 0 && cfg_.output.translate_samples > 0) {
       const auto samples =
-          translate(logits_fn, data_.dataset().split("test"), cfg_.translate_samples, cfg_.seq_len,
-                    data_.special(), vocab, ctx_.tokenizer, ctx_.device,
+          translate(logits_fn, data_.dataset().split("test"), cfg_.output.translate_samples,
+                    cfg_.optim.seq_len, data_.special(), vocab, ctx_.tokenizer, ctx_.device,
                     // rank 0 alone: its own signal (the loop then agrees on it)
                     [] { return StopSignals::received() != 0; });
       out.bleu = translations_bleu(samples);
@@ -168,8 +170,8 @@ class DataParallelStep final : public StepStrategy {
     if (rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f",
                   static_cast<long long>(epoch + 1), val.loss, val.perplexity);
-      if (cfg_.translate_samples > 0) {
-        std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg_.translate_samples),
+      if (cfg_.output.translate_samples > 0) {
+        std::printf(", BLEU (%d test pairs) %.2f", static_cast<int>(cfg_.output.translate_samples),
                     out.bleu);
       }
       std::printf("\n");
@@ -196,7 +198,7 @@ class DataParallelStep final : public StepStrategy {
     // `world` ranks gives the gradient of the global batch's mean (train/data.h).
     const double scale = static_cast<double>(world_) /
                          static_cast<double>(std::max<int64_t>(1, p.batch.global_target_tokens));
-    p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg_.grad_accum, scale,
+    p.rows = model::loss_rows(p.dev.labels, host_mask(p.batch.batch), cfg_.optim.grad_accum, scale,
                               positions_);
     p.host_seconds = since(t);
     return p;
@@ -231,25 +233,25 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   std::optional<TrainData> opened;
   open_train_data(ctx, rank, world, opened);
   TrainData& data = *opened;
-  const int64_t micro = data.local_batch() / cfg.grad_accum;
-  GPT2P_CHECK(micro * cfg.grad_accum == data.local_batch(),
+  const int64_t micro = data.local_batch() / cfg.optim.grad_accum;
+  GPT2P_CHECK(micro * cfg.optim.grad_accum == data.local_batch(),
               "per-rank batch " << data.local_batch() << " does not split into --grad-accum "
-                                << cfg.grad_accum << " micro-steps",
+                                << cfg.optim.grad_accum << " micro-steps",
               "pick --grad-accum dividing --batch-size / ranks");
 
-  torch::manual_seed(cfg.seed + static_cast<uint64_t>(rank));  // dropout differs per rank
+  torch::manual_seed(cfg.optim.seed + static_cast<uint64_t>(rank));  // dropout differs per rank
   auto model = make_model(ctx);
   if (world > 1) broadcast_parameters(model, ctx.step_comm());
   auto params = model->parameters();
   auto optimizer = make_adamw(cfg, params);
 
   model::TrainState state;
-  if (!cfg.resume.empty()) {
+  if (!cfg.output.resume.empty()) {
     // Agreed before anything is written (see pp_trainer.cpp).
     cli::on_every_rank(
         [&] {
-          state = model::load_checkpoint(cfg.resume, *model, optimizer.get(),
-                                         {cfg.allow_unverified_checkpoint});
+          state = model::load_checkpoint(cfg.output.resume, *model, optimizer.get(),
+                                         {cfg.output.allow_unverified_checkpoint});
           check_resume_position(state, cfg, data.batches_per_epoch());
           check_resume_identity(state, cfg, data, rank);
           compat::set_rng_state(ctx.device, rank_rng_state(state, rank, world));
@@ -258,28 +260,31 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
     data.set_position({state.epoch, state.batch_in_epoch});
   }
   ReducerOptions ro;
-  ro.kind = cfg.zero == 1                              ? ReducerKind::kSharded
-            : world == 1                               ? ReducerKind::kNone
-            : cfg.grad_sync == GradSyncMode::kPerParam ? ReducerKind::kPerParam
-                                                       : ReducerKind::kBucketed;
+  ro.kind = cfg.data_parallel.zero == 1                              ? ReducerKind::kSharded
+            : world == 1                                             ? ReducerKind::kNone
+            : cfg.data_parallel.grad_sync == GradSyncMode::kPerParam ? ReducerKind::kPerParam
+                                                                     : ReducerKind::kBucketed;
   ro.group = ctx.comms.along(MeshDim::kDp);
-  ro.bucket_mb = cfg.bucket_mb;
-  ro.dtype = cfg.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  if (cfg.embedding_sync == EmbeddingSync::kSparse) ro.sparse_tied = model->tied_parameter();
+  ro.bucket_mb = cfg.data_parallel.bucket_mb;
+  ro.dtype =
+      cfg.data_parallel.reduce_dtype == ReduceDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  if (cfg.data_parallel.embedding_sync == EmbeddingSync::kSparse)
+    ro.sparse_tied = model->tied_parameter();
   const auto reducer = make_reducer(params, std::move(optimizer), ro);
   auto sink = reducer->embedding_sink();
   if (sink) model->set_embedding_grad_sink(std::move(sink));
 
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
-  io::RunRecorder recorder(cfg.out, run_identity(ctx, name),
-                           cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
+  io::RunRecorder recorder(
+      cfg.output.out, run_identity(ctx, name),
+      cfg.output.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   if (rank == 0) {
     std::printf(
         "%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
         "sync %s, %s\n",
         name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
-        static_cast<long long>(cfg.batch_size), static_cast<long long>(cfg.seq_len),
+        static_cast<long long>(cfg.optim.batch_size), static_cast<long long>(cfg.optim.seq_len),
         reducer->name().c_str(), ctx.describe_kernels().c_str());
     if (ro.kind == ReducerKind::kSharded) {
       std::printf(
@@ -290,10 +295,11 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
     }
     std::fflush(stdout);
   }
-  recorder.set_attribute("zero", cfg.zero);
+  recorder.set_attribute("zero", cfg.data_parallel.zero);
   // AdamW's two float32 moments per parameter this rank keeps (measured by the analysis).
   recorder.set_attribute("optimizer_state_bytes", static_cast<double>(reducer->state_bytes()));
-  LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
+  LossScaler scaler(cfg.loss_scale,
+                    {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
   DataParallelStep strategy(ctx, data, model, *reducer, scaler);
   return run_training(ctx, data, recorder, state,
                       {name, rank, world, static_cast<double>(world), &scaler}, strategy);

@@ -89,8 +89,8 @@ class PipelineStep final : public StepStrategy {
         my_stages_(std::move(parts.mine)),
         models_(std::move(parts.models)),
         reducers_(make_reducers(std::move(parts.optimizers))),
-        m_(ctx.cfg.microbatches),
-        positions_(ctx.cfg.loss_positions),
+        m_(ctx.cfg.pipeline.microbatches),
+        positions_(ctx.cfg.compute.loss_positions),
         transport_(*channel(pipeline::Channel::kActivations),
                    *channel(pipeline::Channel::kGradients),
                    channel(pipeline::Channel::kActivationsWrap),
@@ -98,24 +98,25 @@ class PipelineStep final : public StepStrategy {
         clock_(ctx.device, 3) {
     std::vector<pipeline::Stage*> stage_ptrs;
     for (size_t c = 0; c < models_.size(); ++c) {
-      stages_.push_back(std::make_unique<pipeline::GptStage>(models_[c], m_, ctx.autocast,
-                                                             positions_, cfg_.zero_bubble));
+      stages_.push_back(std::make_unique<pipeline::GptStage>(
+          models_[c], m_, ctx.autocast, positions_, cfg_.pipeline.zero_bubble));
       stage_ptrs.push_back(stages_.back().get());
       // The replicas' sum of each stage starts with its last backward (a no-op for the other
       // kinds).
       stages_[c]->set_last_backward_hook([r = reducers_[c].get()] { r->begin_backward(true); });
     }
-    const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg_.stages_per_rank;
+    const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg_.pipeline.stages_per_rank;
     const auto& mc = ctx.model_config;
-    const auto schedule = cfg_.zero_bubble
-                              ? pipeline::make_zero_bubble_schedule(
-                                    cfg_.schedule, m_, n, v,
-                                    pipeline::zero_bubble_costs(
-                                        split_, static_cast<int>(mc.n_layer),
-                                        static_cast<int>(mc.n_embd), static_cast<int>(cfg_.seq_len),
-                                        static_cast<int>(mc.padded_vocab_size()), loss_share),
-                                    cfg_.zb_extra_live)
-                              : pipeline::make_schedule(cfg_.schedule, m_, n, v);
+    const auto schedule =
+        cfg_.pipeline.zero_bubble
+            ? pipeline::make_zero_bubble_schedule(
+                  cfg_.pipeline.schedule, m_, n, v,
+                  pipeline::zero_bubble_costs(split_, static_cast<int>(mc.n_layer),
+                                              static_cast<int>(mc.n_embd),
+                                              static_cast<int>(cfg_.optim.seq_len),
+                                              static_cast<int>(mc.padded_vocab_size()), loss_share),
+                  cfg_.pipeline.zb_extra_live)
+            : pipeline::make_schedule(cfg_.pipeline.schedule, m_, n, v);
     executor_ = std::make_unique<pipeline::Executor>(
         stage_ptrs, transport_, schedule[static_cast<size_t>(rank)], rank, n, ctx.device);
     // Evaluation: the same models forward only, one micro-batch per batch, over the same
@@ -129,7 +130,7 @@ class PipelineStep final : public StepStrategy {
         eval_ptrs, transport_,
         pipeline::make_forward_only_schedule(1, n, v)[static_cast<size_t>(rank)], rank, n,
         ctx.device, pipeline::Pass::kForwardOnly);
-    if (ctx.topo.rank == 0 && cfg_.zero == 1) {
+    if (ctx.topo.rank == 0 && cfg_.data_parallel.zero == 1) {
       std::printf(
           "  ZeRO-1: stage 0's AdamW state %.1f MiB per rank, sharded over %d replicas "
           "(%.1f MiB unsharded)\n",
@@ -165,7 +166,7 @@ class PipelineStep final : public StepStrategy {
     // The gradients are unscaled while clipped; with loss scaling every rank agrees to skip a step
     // whose gradients overflowed anywhere.
     bool apply = true;
-    if (cfg_.grad_clip > 0 || scaler_.enabled()) {
+    if (cfg_.optim.grad_clip > 0 || scaler_.enabled()) {
       if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) {
         // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
         const auto nan = torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device));
@@ -173,7 +174,7 @@ class PipelineStep final : public StepStrategy {
       }
       // Clipped (at --grad-clip; 0: not) and unscaled over every stage of every rank.
       const double norm = clip_pipeline_grad_norm(parts_, models_, *pipe(), *ctx_.control,
-                                                  cfg_.grad_clip, 1 / scale);
+                                                  cfg_.optim.grad_clip, 1 / scale);
       if (scaler_.enabled()) {
         apply = scaler_.update(std::isfinite(norm), ctx_.control.get(), rec.step);
       }
@@ -206,7 +207,7 @@ class PipelineStep final : public StepStrategy {
     rec.loss = loss.item<double>();
     rec.padded_tokens = batch.batch.padded_tokens;
     rec.target_tokens = batch.batch.target_tokens;
-    rec.lr = cfg_.lr;
+    rec.lr = cfg_.optim.lr;
     // Model FLOPs: this rank's stages, and the whole model's for the progress line.
     const int64_t head_rows =
         positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens;
@@ -214,12 +215,12 @@ class PipelineStep final : public StepStrategy {
     for (const int s : my_stages_) {
       const auto r = split_[static_cast<size_t>(s)];
       rec.flops += model::training_flops(ctx_.model_config, r.begin, r.end, rec.padded_tokens,
-                                         cfg_.seq_len, head_rows);
+                                         cfg_.optim.seq_len, head_rows);
     }
     // Every replica's tokens: the data's share of each is the same size.
     return ctx_.mesh.dp() * model::training_flops(ctx_.model_config, 0,
                                                   ctx_.model_config.num_stage_layers(),
-                                                  rec.padded_tokens, cfg_.seq_len, head_rows);
+                                                  rec.padded_tokens, cfg_.optim.seq_len, head_rows);
   }
 
   void save(const std::string& dir, const model::TrainState& state) override {
@@ -241,9 +242,10 @@ class PipelineStep final : public StepStrategy {
                        "the pipeline's replicas diverged: report the run with its flags");
       }
     }
-    const auto val = pipeline_validation_loss(
-        eval_stages_, *eval_executor_, *pipe(), data_.dataset().split("validation"),
-        cfg_.max_eval_pairs, data_.local_batch() / m_, cfg_.seq_len, data_.special(), stop);
+    const auto val = pipeline_validation_loss(eval_stages_, *eval_executor_, *pipe(),
+                                              data_.dataset().split("validation"),
+                                              cfg_.data.max_eval_pairs, data_.local_batch() / m_,
+                                              cfg_.optim.seq_len, data_.special(), stop);
     if (val.stopped) return {val.loss, val.perplexity, std::nan(""), true};
     if (ctx_.topo.rank == 0) {
       std::printf("epoch %lld: validation loss %.4f perplexity %.2f\n",
@@ -270,13 +272,13 @@ class PipelineStep final : public StepStrategy {
     std::vector<std::unique_ptr<GradReducer>> reducers;
     for (size_t c = 0; c < models_.size(); ++c) {
       ReducerOptions ro;
-      ro.kind = replicas() == nullptr ? ReducerKind::kNone
-                : cfg_.zero == 1      ? ReducerKind::kSharded
-                                      : ReducerKind::kBucketed;
+      ro.kind = replicas() == nullptr          ? ReducerKind::kNone
+                : cfg_.data_parallel.zero == 1 ? ReducerKind::kSharded
+                                               : ReducerKind::kBucketed;
       ro.group = replicas();
       ro.op = comm::ReduceOp::kSum;
       ro.overlap = false;
-      ro.bucket_mb = cfg_.bucket_mb;
+      ro.bucket_mb = cfg_.data_parallel.bucket_mb;
       if (ro.kind == ReducerKind::kSharded) ro.alone = models_[c]->tied_parameter();
       reducers.push_back(make_reducer(models_[c]->parameters(), std::move(optimizers[c]), ro));
     }

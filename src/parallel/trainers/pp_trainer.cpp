@@ -41,10 +41,10 @@ std::vector<double> broadcast_costs(comm::Communicator& dp_comm, const std::vect
 // dropout's generator is seeded per rank.
 PipelineStages make_stages(const RunContext& ctx, pipeline::Partition split) {
   const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank();
-  torch::manual_seed(ctx.cfg.seed + static_cast<uint64_t>(rank));
+  torch::manual_seed(ctx.cfg.optim.seed + static_cast<uint64_t>(rank));
   PipelineStages stages;
   stages.split = std::move(split);
-  for (int c = 0; c < ctx.cfg.stages_per_rank; ++c) {
+  for (int c = 0; c < ctx.cfg.pipeline.stages_per_rank; ++c) {
     const int s = rank + c * n;
     auto model = make_model(ctx, stages.split[static_cast<size_t>(s)]);
     stages.optimizers.push_back(make_adamw(ctx.cfg, model->parameters()));
@@ -63,9 +63,9 @@ model::TrainState resume_stages(const RunContext& ctx, TrainData& data, Pipeline
   cli::on_every_rank(
       [&] {
         for (size_t c = 0; c < stages.models.size(); ++c) {
-          const std::string dir = cfg.resume + "/stage" + std::to_string(stages.mine[c]);
+          const std::string dir = cfg.output.resume + "/stage" + std::to_string(stages.mine[c]);
           auto st = model::load_checkpoint(dir, *stages.models[c], stages.optimizers[c].get(),
-                                           {cfg.allow_unverified_checkpoint});
+                                           {cfg.output.allow_unverified_checkpoint});
           if (c == 0) state = st;
           check_resume_position(st, cfg, data.batches_per_epoch());
           if (c == 0) check_resume_identity(st, cfg, data, ctx.topo.rank);
@@ -85,8 +85,8 @@ void describe_pipeline(const RunContext& ctx, const TrainData& data, const Pipel
   const auto& cfg = ctx.cfg;
   const auto& split = stages.split;
   const auto& topo = ctx.topo;
-  const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg.stages_per_rank;
-  const int m = cfg.microbatches;
+  const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg.pipeline.stages_per_rank;
+  const int m = cfg.pipeline.microbatches;
   recorder.set_attribute("stage", rank);
   recorder.set_attribute("dp", ctx.mesh.dp());
   recorder.set_attribute("dp_rank", ctx.mesh.dp_rank());
@@ -102,7 +102,7 @@ void describe_pipeline(const RunContext& ctx, const TrainData& data, const Pipel
   }
   recorder.set_attribute("stages_per_rank", v);
   recorder.set_attribute("microbatches", m);
-  recorder.set_attribute("zero", cfg.zero);
+  recorder.set_attribute("zero", cfg.data_parallel.zero);
   if (!costs.empty()) {
     recorder.set_attribute("layer_time_embedding_s", costs.front());
     recorder.set_attribute("layer_time_block_s", costs[1]);
@@ -118,11 +118,11 @@ void describe_pipeline(const RunContext& ctx, const TrainData& data, const Pipel
         "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
         replicas.c_str(), n, v,
         ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
-        model::describe(ctx.model_config).c_str(), name_string(cfg.mode).c_str(),
-        name_string(cfg.schedule).c_str(), m, static_cast<long long>(cfg.batch_size),
-        static_cast<long long>(cfg.seq_len),
-        cfg.resume.empty() ? name_string(cfg.partition).c_str() : "checkpoint's",
-        pipeline::to_string(split).c_str(), name_string(cfg.loss_positions).c_str(),
+        model::describe(ctx.model_config).c_str(), name_string(cfg.pipeline.mode).c_str(),
+        name_string(cfg.pipeline.schedule).c_str(), m, static_cast<long long>(cfg.optim.batch_size),
+        static_cast<long long>(cfg.optim.seq_len),
+        cfg.output.resume.empty() ? name_string(cfg.pipeline.partition).c_str() : "checkpoint's",
+        pipeline::to_string(split).c_str(), name_string(cfg.compute.loss_positions).c_str(),
         data.target_fraction(), ctx.describe_kernels().c_str());
     if (!costs.empty()) {
       std::printf(
@@ -146,8 +146,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   // Its communicator, and its stages' replicas' (null with --dp 1).
   comm::Communicator* const pipe = ctx.comms.along(MeshDim::kPp);
   comm::Communicator* const replicas = ctx.comms.along(MeshDim::kDp);
-  const int m = cfg.microbatches;     // resolved: 1 for model parallelism
-  const int v = cfg.stages_per_rank;  // this rank runs stages rank, rank + n, ...
+  const int m = cfg.pipeline.microbatches;     // resolved: 1 for model parallelism
+  const int v = cfg.pipeline.stages_per_rank;  // this rank runs stages rank, rank + n, ...
   const int n_stages = n * v;
   GPT2P_CHECK(v == 1 || n >= 2,
               "--schedule interleaved on " << n << " rank: nothing to interleave with",
@@ -161,13 +161,13 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   std::optional<TrainData> opened;
   open_train_data(ctx, ctx.mesh.dp_rank(), ctx.mesh.dp(), opened);
   TrainData& data = *opened;
-  const auto positions = cfg.loss_positions;
+  const auto positions = cfg.compute.loss_positions;
   // The head's cost depends on how many positions it runs at: the data's share of targets.
   const double loss_share =
       positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
-  if (cfg.partition == pipeline::PartitionKind::kMeasured && cfg.resume.empty()) {
-    costs = measured_layer_costs(*pipe, ctx.model_config, data.local_batch() / m, cfg.seq_len,
+  if (cfg.pipeline.partition == pipeline::PartitionKind::kMeasured && cfg.output.resume.empty()) {
+    costs = measured_layer_costs(*pipe, ctx.model_config, data.local_batch() / m, cfg.optim.seq_len,
                                  ctx.autocast, loss_share);
     // Every replica splits as replica 0 measured, or their stages would differ.
     if (replicas != nullptr) costs = broadcast_costs(*replicas, costs);
@@ -176,23 +176,27 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   pipeline::Partition split;  // agreed: a checkpoint every rank rejects is reported once
   cli::on_every_rank(
       [&] {
-        split = cfg.resume.empty() ? stage_partition(cfg.partition, ctx.model_config, n_stages,
-                                                     cfg.seq_len, costs, v, loss_share)
-                                   : checkpoint_partition(cfg.resume, n_stages, ctx.mesh.dp());
+        split = cfg.output.resume.empty()
+                    ? stage_partition(cfg.pipeline.partition, ctx.model_config, n_stages,
+                                      cfg.optim.seq_len, costs, v, loss_share)
+                    : checkpoint_partition(cfg.output.resume, n_stages, ctx.mesh.dp());
       },
       ctx.checkpoint_timeout());
-  GPT2P_CHECK(cfg.grad_accum == 1, "pp_train does not take --grad-accum " << cfg.grad_accum,
+  GPT2P_CHECK(cfg.optim.grad_accum == 1,
+              "pp_train does not take --grad-accum " << cfg.optim.grad_accum,
               "use --microbatches: the pipeline accumulates over its micro-batches");
 
   auto stages = make_stages(ctx, std::move(split));
   const model::TrainState state =
-      cfg.resume.empty() ? model::TrainState() : resume_stages(ctx, data, stages);
+      cfg.output.resume.empty() ? model::TrainState() : resume_stages(ctx, data, stages);
 
   // A resumed run continues its rank files (the steps before the checkpoint stay recorded).
-  io::RunRecorder recorder(cfg.out, run_identity(ctx, "pp_train"),
-                           cfg.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
+  io::RunRecorder recorder(
+      cfg.output.out, run_identity(ctx, "pp_train"),
+      cfg.output.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
   describe_pipeline(ctx, data, stages, costs, recorder);
-  LossScaler scaler(cfg, {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
+  LossScaler scaler(cfg.loss_scale,
+                    {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
   const auto strategy =
       make_pipeline_step(ctx, data, std::move(stages), loss_share, recorder, scaler);
   return run_training(

@@ -285,6 +285,15 @@ const ScheduleInfo& schedule_info(ScheduleKind kind) {
              "pass a ScheduleKind of kSchedules (schedule.h)");
 }
 
+std::string schedule_names(bool several_stages_per_rank) {
+  std::string out;
+  for (const ScheduleInfo& s : kSchedules) {
+    if (s.several_stages_per_rank != several_stages_per_rank) continue;
+    out += (out.empty() ? "" : " and ") + std::string(s.name);
+  }
+  return out;
+}
+
 void detail::check_stages_per_rank(const ScheduleInfo& schedule, int stages_per_rank) {
   if (schedule.several_stages_per_rank || stages_per_rank == 1) return;
   std::string several;  // the kinds that take it, "a or b"

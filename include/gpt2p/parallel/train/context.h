@@ -45,7 +45,7 @@ struct RunContext {
   data::BpeTokenizer tokenizer;
   // --comm-timeout, for waits of the ranks' own agreements (cli::on_every_rank).
   std::chrono::milliseconds control_timeout() const {
-    return std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000));
+    return std::chrono::milliseconds(static_cast<int64_t>(cfg.comm.timeout_s * 1000));
   }
   // For agreements around checkpoint writes and reads, where the other ranks wait while one
   // writes gigabytes (to a network file system, say): 10x --comm-timeout, at least 15 minutes.

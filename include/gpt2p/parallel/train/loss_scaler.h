@@ -15,17 +15,33 @@
 // saved in the checkpoint (model::TrainState) and recorded per step (io/run_record.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
-#include "gpt2p/parallel/train/options.h"
+#include "gpt2p/core/names.h"
 
 namespace gpt2p::comm {
 class Communicator;
 }
 
 namespace gpt2p::parallel {
+
+// --loss-scale: kAuto is dynamic with --precision fp16, off otherwise (resolve_train_config
+// decides it once; the scaler sees kDynamic or kOff).
+enum class LossScaleMode { kAuto, kDynamic, kOff };
+constexpr std::array<Named<LossScaleMode>, 3> names(LossScaleMode) {
+  return {{{LossScaleMode::kAuto, "auto"},
+           {LossScaleMode::kDynamic, "dynamic"},
+           {LossScaleMode::kOff, "off"}}};
+}
+
+struct LossScaleOptions {
+  LossScaleMode mode = LossScaleMode::kAuto;
+  double init = 65536;    // 2^16, as torch.amp.GradScaler
+  int64_t window = 2000;  // good steps in a row before the scale doubles
+};
 
 // The largest scale: float16's range ends at 65504, so a larger scale only overflows; the cap
 // also keeps a long run of good steps from growing S without bound.
@@ -41,9 +57,10 @@ struct LossScaleState {
 
 class LossScaler {
  public:
-  // From the run's flags (--precision, --loss-scale, --loss-scale-init, --loss-scale-window) and,
-  // on a resume, the checkpoint's state (scale 0: none saved, start at --loss-scale-init).
-  LossScaler(const TrainConfig& cfg, const LossScaleState& resumed);
+  // From the run's resolved options (--loss-scale, --loss-scale-init, --loss-scale-window; mode
+  // kAuto is refused: resolve it first) and, on a resume, the checkpoint's state (scale 0: none
+  // saved, start at the options' init).
+  LossScaler(const LossScaleOptions& options, const LossScaleState& resumed);
 
   bool enabled() const { return enabled_; }
   // The factor this step's loss is multiplied by: 1 when scaling is off.

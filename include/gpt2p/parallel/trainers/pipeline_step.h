@@ -33,12 +33,12 @@ struct PipelineStages {
 
 // Builds this rank's pipeline step from the run and its stages, and owns what it builds: per
 // stage a reducer over the stage's replicas (the mesh's dp: their sum, or --zero 1's shards) and
-// a GptStage of M = cfg.microbatches micro-batches; the schedule (--schedule, --zero-bubble, whose
-// costs take `loss_share`, the head's share of positions); the transport over the mesh's pp
-// channels; the executor of this rank's actions; and for the validation loss a GptEvalStage per
-// stage with a forward-only executor (make_forward_only_schedule) over the same transport.
-// `recorder` and `scaler` are the run's (the loop uses them too). Rank 0 prints ZeRO-1's state
-// size.
+// a GptStage of M = cfg.pipeline.microbatches micro-batches; the schedule (--schedule,
+// --zero-bubble, whose costs take `loss_share`, the head's share of positions); the transport over
+// the mesh's pp channels; the executor of this rank's actions; and for the validation loss a
+// GptEvalStage per stage with a forward-only executor (make_forward_only_schedule) over the same
+// transport. `recorder` and `scaler` are the run's (the loop uses them too). Rank 0 prints ZeRO-1's
+// state size.
 std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,
                                                  PipelineStages stages, double loss_share,
                                                  io::RunRecorder& recorder, LossScaler& scaler);

@@ -171,6 +171,8 @@ inline constexpr std::array<ScheduleInfo, 3> kSchedules{{
 }};
 // The row of `kind`; throws gpt2p::Error for a value that has none.
 const ScheduleInfo& schedule_info(ScheduleKind kind);
+// The names of the kinds that run several stages per rank (true) or one (false): "a and b".
+std::string schedule_names(bool several_stages_per_rank);
 
 constexpr std::array<Named<ScheduleKind>, kSchedules.size()> names(ScheduleKind) {
   // Made at compile time: the names alone, without the generators (no link to them needed).
