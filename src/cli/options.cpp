@@ -248,13 +248,21 @@ void store_config_file(const std::string& program, const po::options_description
 
 // po::notify, one option at a time: an error from a value the config file set names its line.
 void notify(const std::string& program, const po::options_description& desc, po::variables_map& vm,
-            const std::set<std::string>& on_command_line, const ConfigFile& file) {
+            const std::set<std::string>& on_command_line, const std::vector<ConfigFile>& files) {
+  // The file whose line set `name` (the first that has it: it was stored first), or null.
+  const auto file_of = [&](const std::string& name) -> const ConfigFile* {
+    if (on_command_line.count(name) != 0U) return nullptr;
+    for (const ConfigFile& f : files) {
+      if (f.line_of.count(name) != 0U) return &f;
+    }
+    return nullptr;
+  };
   for (const auto& d : desc.options()) {
     const auto it = vm.find(d->long_name());
     if (d->semantic()->is_required() && (it == vm.end() || it->second.empty())) {
-      const std::string line = file.path.empty() ? ""
-                                                 : " (pass it, or a '" + d->long_name() +
-                                                       " = ...' line in '" + file.path + "')";
+      const std::string line = files.empty() ? ""
+                                             : " (pass it, or a '" + d->long_name() +
+                                                   " = ...' line in '" + files.front().path + "')";
       throw UsageError(po::required_option("--" + d->long_name()).what() + line +
                        help_hint(program));
     }
@@ -262,14 +270,15 @@ void notify(const std::string& program, const po::options_description& desc, po:
   for (auto& [name, value] : vm) {
     const po::option_description* d = find_long(desc, name);
     if (d == nullptr) continue;
-    const bool from_file = file.line_of.count(name) != 0U && on_command_line.count(name) == 0U;
+    const ConfigFile* file = file_of(name);
     try {
       d->semantic()->notify(value.value());
     } catch (const po::error& e) {
-      throw UsageError((from_file ? file.where(name) + ": " : "") + e.what() + help_hint(program));
+      throw UsageError((file != nullptr ? file->where(name) + ": " : "") + e.what() +
+                       help_hint(program));
     } catch (const UsageError& e) {
-      if (!from_file) throw;
-      throw UsageError(file.where(name) + ": " + e.what());
+      if (file == nullptr) throw;
+      throw UsageError(file->where(name) + ": " + e.what());
     }
   }
 }
@@ -300,7 +309,8 @@ std::string stray_word(const std::string& word, int argc, char** argv,
 }  // namespace
 
 bool parse_or_help(const std::string& program, const std::string& summary,
-                   po::options_description& desc, int argc, char** argv, po::variables_map& vm) {
+                   po::options_description& desc, int argc, char** argv, po::variables_map& vm,
+                   const std::function<std::string(const po::variables_map&)>& base_config) {
   desc.add_options()("help,h", "print this help and exit")(
       "config", po::value<std::string>()->value_name("FILE"), kConfigHelp);
   std::set<std::string> on_command_line;
@@ -330,12 +340,18 @@ bool parse_or_help(const std::string& program, const std::string& summary,
     std::cout << "usage: " << program << " [options]\n" << summary << "\n\n" << desc << "\n";
     return false;
   }
-  ConfigFile file;
+  std::vector<ConfigFile> files;
   if (vm.count("config") != 0U) {
-    file.path = vm["config"].as<std::string>();
-    store_config_file(program, desc, vm, file);
+    files.push_back({vm["config"].as<std::string>(), {}});
+    store_config_file(program, desc, vm, files.back());
   }
-  notify(program, desc, vm, on_command_line, file);
+  if (base_config) {
+    if (std::string base = base_config(vm); !base.empty()) {
+      files.push_back({std::move(base), {}});
+      store_config_file(program, desc, vm, files.back());
+    }
+  }
+  notify(program, desc, vm, on_command_line, files);
   return true;
 }
 

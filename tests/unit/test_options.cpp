@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "gpt2p/model/options.h"
 #include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/parallel/train/options.h"
+#include "support/temp_dir.h"
 
 using gpt2p::cli::UsageError;
 using gpt2p::parallel::DeviceKind;
@@ -144,6 +146,35 @@ TEST(TrainOptions, ConfigRoundTripsToJson) {
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["kernels"], "auto");
   EXPECT_EQ(j["grad_sync"], "bucketed");
+}
+
+// A run writes its resolved options as <out>/config.ini (parallel/train/flags.h): --config on that
+// file alone gives the same resolved options, for every program, non-default values included.
+TEST(TrainOptions, TheWrittenConfigFileRunsTheSameConfigurationAgain) {
+  const std::vector<std::pair<Program, std::vector<std::string>>> runs = {
+      {Program::kSingle, {"--epochs", "3", "--lr", "3e-4", "--n-layer", "3", "--out", "r/one"}},
+      {Program::kDataParallel,
+       {"--grad-sync", "per-param", "--precision", "bf16", "--loss-scale", "dynamic", "--dropout",
+        "0", "--profile", "p d", "--seed", "42", "--init-from", "x/ck"}},
+      {Program::kPipeline,
+       {"--schedule", "interleaved", "--microbatches", "4", "--zero-bubble", "--dp", "2", "--zero",
+        "1", "--bucket-mb", "0.5", "--partition", "uniform", "--comm-timeout", "7.25"}},
+      {Program::kPipeline, {"--mode", "model_parallel", "--resume", "a/checkpoint"}},
+  };
+  for (const auto& [program, words] : runs) {
+    const TrainConfig first = parse(words, program);
+    const std::string text = gpt2p::parallel::to_config_file(first, program);
+    gpt2p::testing::TempDir dir("config_file");
+    const std::string file = dir / "config.ini";
+    std::ofstream(file) << text;
+    TrainConfig again = parse({"--config", file}, program);
+    // --resume and --overwrite describe one start, not the run: not in the file.
+    again.output.resume = first.output.resume;
+    EXPECT_EQ(gpt2p::parallel::to_json(again), gpt2p::parallel::to_json(first))
+        << gpt2p::parallel::program_name(program) << ":\n"
+        << text;
+    EXPECT_EQ(text.find("resume"), std::string::npos) << text;
+  }
 }
 
 TEST(TrainOptions, HelpShowsEveryNameFromItsTable) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -35,8 +36,12 @@ struct UsageError : std::runtime_error {
 // `desc`). Returns false when --help was given (usage was printed on stdout; --config is not read
 // then); throws UsageError for unknown flags, bad values, a word no flag takes (--overwrite false)
 // or a bad config file, in one line naming the flag (or the file and line) and the fix.
+// `base_config`, when given, is asked after the command line and --config are read: a config file
+// path it returns (empty: none) fills what neither set, under both (a resume takes the settings of
+// the run it continues this way: parallel/train/flags.h).
 bool parse_or_help(const std::string& program, const std::string& summary,
-                   po::options_description& desc, int argc, char** argv, po::variables_map& vm);
+                   po::options_description& desc, int argc, char** argv, po::variables_map& vm,
+                   const std::function<std::string(const po::variables_map&)>& base_config = {});
 
 // Option values for a config file, in the order they are written: (long flag name, value as it
 // is written after the flag on the command line).

@@ -178,8 +178,8 @@ int stop_requested(comm::Communicator& control) {
   return flag.item<int>();
 }
 
-void report_stopped(const char* program, int signal, int64_t step, const std::string& out,
-                    int rank) {
+void report_stopped(const char* program, int signal, int64_t step, const std::string& out, int rank,
+                    int world) {
   if (rank != 0) return;
   const std::string checkpoint = out + "/checkpoint";
   const nlohmann::json record{{"program", program},
@@ -194,11 +194,12 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
     // The checkpoint is committed all the same: a launcher then reports mpirun's own exit.
     std::fprintf(stderr, "%s: warning: %s\n", program, e.what());
   }
+  // The settings and --out of the run come back from <out>/config.ini (train/flags.h).
   std::printf(
-      "%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue "
-      "with --resume %s\n",
-      program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(),
-      checkpoint.c_str());
+      "%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue with: "
+      "mpirun -np %d %s --resume %s\n",
+      program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(), world,
+      program, checkpoint.c_str());
   std::fflush(stdout);
 }
 
@@ -280,6 +281,11 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
                  value.dump().c_str(), old[key].dump().c_str());
   }
   std::fflush(stderr);
+  std::printf("resumed from %s after step %lld (epoch %lld, batch %lld of it); writing to %s\n",
+              cfg.output.resume.c_str(), static_cast<long long>(state.step),
+              static_cast<long long>(state.epoch + 1), static_cast<long long>(state.batch_in_epoch),
+              cfg.output.out.c_str());
+  std::fflush(stdout);
 }
 
 void clear_stopped(const std::string& out, int rank) {

@@ -24,6 +24,7 @@
 #include "gpt2p/model/checkpoint.h"
 #include "gpt2p/model/flops.h"
 #include "gpt2p/model/hf_checkpoint.h"
+#include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/pipeline/plan/schedule.h"
 
 namespace gpt2p::parallel {
@@ -31,8 +32,9 @@ namespace gpt2p::parallel {
 namespace {
 
 // What must hold before a run starts, checked on every rank (cli::on_every_rank): --out can be
-// written, no other job runs in it (rank 0 takes its lock into `lock`), and a fresh run does not
-// replace a checkpoint that is already there.
+// written, no other job runs in it (rank 0 takes its lock into `lock`), a fresh run does not
+// replace a checkpoint that is already there, and a resume continues a checkpoint in a folder
+// that holds no other run.
 void check_output(const parallel::TrainConfig& cfg, parallel::Program program, int rank,
                   std::unique_ptr<DirLock>& lock) {
   namespace fs = std::filesystem;
@@ -69,10 +71,29 @@ void check_output(const parallel::TrainConfig& cfg, parallel::Program program, i
                           ") that this fresh run would replace -- fix: continue it with --resume " +
                           checkpoint + ", start over with --overwrite, or pick another --out");
   }
-  if (!cfg.output.resume.empty() && !fs::is_directory(cfg.output.resume)) {
+  if (cfg.output.resume.empty()) return;
+  if (!fs::is_directory(cfg.output.resume)) {
     throw cli::UsageError("--resume " + cfg.output.resume +
                           ": no such checkpoint directory -- fix: pass the checkpoint directory a "
                           "run wrote (<out>/checkpoint)");
+  }
+  const fs::path inner = fs::path(cfg.output.resume) / "checkpoint";
+  if (!fs::exists(fs::path(cfg.output.resume) / "meta.json") && fs::is_directory(inner)) {
+    throw cli::UsageError("--resume " + cfg.output.resume +
+                          " is a run's folder, not its checkpoint -- fix: did you mean --resume " +
+                          inner.string() + "?");
+  }
+  // A resume writes its steps into --out: not into a folder that holds another run's records.
+  const bool same_run = fs::exists(checkpoint) && fs::equivalent(checkpoint, cfg.output.resume, ec);
+  if (!same_run && !cfg.output.overwrite) {
+    for (const char* record : {"checkpoint", "rank0.h5", kRunConfigFile}) {
+      if (!fs::exists(fs::path(cfg.output.out) / record)) continue;
+      throw cli::UsageError(
+          "--out " + cfg.output.out + " holds another run (" + cfg.output.out + "/" + record +
+          ") than the one --resume " + cfg.output.resume +
+          " continues -- fix: resume into that run's own folder (leave out --out: the "
+          "checkpoint's run names it), pick an empty --out, or pass --overwrite to replace it");
+    }
   }
 }
 

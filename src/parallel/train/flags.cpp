@@ -1,9 +1,12 @@
 #include "gpt2p/parallel/train/flags.h"
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <sstream>
 #include <type_traits>
+
+#include "gpt2p/core/atomic_file.h"
 
 namespace gpt2p::parallel {
 
@@ -133,6 +136,94 @@ void add_train_options(po::options_description& desc, TrainConfig& c, Program pr
 }
 // clang-format on
 
+std::string to_config_file(const TrainConfig& c, Program program) {
+  using cli::config_value;
+  cli::ConfigEntries e;
+  // The model overrides hold -1 for "the preset's value", which their flags refuse: left out.
+  const std::pair<const char*, int> overrides[] = {
+      {"n-layer", c.model.n_layer}, {"n-head", c.model.n_head}, {"n-embd", c.model.n_embd}};
+  e.push_back({"preset", c.model.preset});
+  for (const auto& [flag, value] : overrides) {
+    if (value > 0) e.push_back({flag, config_value(value)});
+  }
+  if (c.model.dropout >= 0) e.push_back({"dropout", config_value(c.model.dropout)});
+  e.insert(e.end(), {{"data", c.data.path},
+                     {"vocab-dir", c.data.vocab_dir},
+                     {"max-train-pairs", config_value(c.data.max_train_pairs)},
+                     {"max-eval-pairs", config_value(c.data.max_eval_pairs)},
+                     {"epochs", config_value(c.optim.epochs)},
+                     {"max-steps", config_value(c.optim.max_steps)},
+                     {"batch-size", config_value(c.optim.batch_size)},
+                     {"seq-len", config_value(c.optim.seq_len)},
+                     {"grad-accum", config_value(c.optim.grad_accum)},
+                     {"lr", config_value(c.optim.lr)},
+                     {"weight-decay", config_value(c.optim.weight_decay)},
+                     {"grad-clip", config_value(c.optim.grad_clip)},
+                     {"seed", config_value(c.optim.seed)},
+                     {"warmup-epochs", config_value(c.optim.warmup_epochs)},
+                     {"loss-scale", config_value(c.loss_scale.mode)},
+                     {"loss-scale-init", config_value(c.loss_scale.init)},
+                     {"loss-scale-window", config_value(c.loss_scale.window)},
+                     {"device", config_value(c.compute.device)},
+                     {"precision", config_value(c.compute.precision)},
+                     {"kernels", config_value(c.compute.kernels)},
+                     {"attention", config_value(c.compute.attention)},
+                     {"recompute", config_value(c.compute.recompute)},
+                     {"loss-positions", config_value(c.compute.loss_positions)},
+                     {"out", c.output.out}});
+  // --resume and --overwrite say how this start treats --out, not what the run is: left out.
+  if (!c.output.init_from.empty()) e.push_back({"init-from", c.output.init_from});
+  e.insert(e.end(),
+           {{"save-every", config_value(c.output.save_every)},
+            {"allow-unverified-checkpoint", config_value(c.output.allow_unverified_checkpoint)},
+            {"translate-samples", config_value(c.output.translate_samples)},
+            {"log-every", config_value(c.output.log_every)}});
+  if (!c.output.profile.empty()) e.push_back({"profile", c.output.profile});
+  e.insert(e.end(), {{"profile-steps", config_value(c.output.profile_steps)},
+                     {"comm", config_value(c.comm.backend)},
+                     {"comm-timeout", config_value(c.comm.timeout_s)}});
+  if (program == Program::kDataParallel) {
+    e.insert(e.end(), {{"grad-sync", config_value(c.data_parallel.grad_sync)},
+                       {"reduce-dtype", config_value(c.data_parallel.reduce_dtype)},
+                       {"embedding-sync", config_value(c.data_parallel.embedding_sync)}});
+  }
+  if (program == Program::kPipeline) {
+    e.insert(e.end(), {{"mode", config_value(c.pipeline.mode)},
+                       {"schedule", config_value(c.pipeline.schedule)},
+                       {"stages-per-rank", config_value(c.pipeline.stages_per_rank)},
+                       {"microbatches", config_value(c.pipeline.microbatches)},
+                       {"dp", config_value(c.pipeline.dp)},
+                       {"zero-bubble", config_value(c.pipeline.zero_bubble)},
+                       {"zb-extra-live", config_value(c.pipeline.zb_extra_live)},
+                       {"partition", config_value(c.pipeline.partition)}});
+  }
+  if (program != Program::kSingle) {
+    e.insert(e.end(), {{"zero", config_value(c.data_parallel.zero)},
+                       {"bucket-mb", config_value(c.data_parallel.bucket_mb)}});
+  }
+  po::options_description desc;
+  TrainConfig scratch;
+  add_train_options(desc, scratch, program);
+  return cli::to_config_file(e, desc,
+                             std::string(program_name(program)) +
+                                 " --config FILE runs this configuration again (resolved: the "
+                                 "defaults of this machine are written out)");
+}
+
+void write_run_config(const TrainConfig& cfg, Program program) {
+  write_text_atomically(cfg.output.out + "/" + kRunConfigFile, to_config_file(cfg, program));
+}
+
+std::string run_config_of(const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  fs::path dir(checkpoint);
+  if (dir.filename().empty()) dir = dir.parent_path();  // "runs/dp/checkpoint/"
+  std::error_code ec;
+  const fs::path file = dir.parent_path() / kRunConfigFile;
+  if (!fs::is_regular_file(dir / "meta.json", ec) || !fs::is_regular_file(file, ec)) return "";
+  return file.string();
+}
+
 bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) {
   po::options_description desc;
   add_train_options(desc, cfg, program);
@@ -144,7 +235,10 @@ bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) 
       "Pipeline-parallel GPT-2 training: mpirun -np RANKS pp_train [options] (GPipe, 1F1B or "
       "interleaved 1F1B)."};
   return cli::parse_or_help(program_name(program), kSummary[static_cast<int>(program)], desc, argc,
-                            argv, vm);
+                            argv, vm, [](const po::variables_map& given) -> std::string {
+                              if (given.count("resume") == 0U) return "";
+                              return run_config_of(given["resume"].as<std::string>());
+                            });
 }
 
 }  // namespace gpt2p::parallel

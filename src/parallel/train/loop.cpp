@@ -46,7 +46,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
   double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
   const auto stopped = [&](int signal) {
     recorder.close();
-    report_stopped(setup.program, signal, step, cfg.output.out, setup.rank);
+    report_stopped(setup.program, signal, step, cfg.output.out, setup.rank, ctx.control.size());
     return cli::kExitStopped;
   };
   StepProfiler profiler(cfg, ctx.device, setup.rank, state.step);

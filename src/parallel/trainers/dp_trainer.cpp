@@ -21,6 +21,7 @@
 #include "gpt2p/parallel/train/context.h"
 #include "gpt2p/parallel/train/data.h"
 #include "gpt2p/parallel/train/evaluator.h"
+#include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/parallel/train/loop.h"
 #include "gpt2p/parallel/train/loss_scaler.h"
 
@@ -301,6 +302,7 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   LossScaler scaler(cfg.loss_scale,
                     {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
   DataParallelStep strategy(ctx, data, model, *reducer, scaler);
+  if (ctx.topo.rank == 0) write_run_config(cfg, program);
   return run_training(ctx, data, recorder, state,
                       {name, rank, world, static_cast<double>(world), &scaler}, strategy);
 }

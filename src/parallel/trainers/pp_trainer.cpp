@@ -22,6 +22,7 @@
 #include "gpt2p/parallel/train/context.h"
 #include "gpt2p/parallel/train/data.h"
 #include "gpt2p/parallel/train/evaluator.h"
+#include "gpt2p/parallel/train/flags.h"
 #include "gpt2p/parallel/train/loop.h"
 #include "gpt2p/parallel/trainers/pipeline_step.h"
 #include "gpt2p/parallel/trainers/stage_split.h"
@@ -199,6 +200,7 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
                     {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
   const auto strategy =
       make_pipeline_step(ctx, data, std::move(stages), loss_share, recorder, scaler);
+  if (ctx.topo.rank == 0) write_run_config(cfg, parallel::Program::kPipeline);
   return run_training(
       ctx, data, recorder, state,
       {"pp_train", topo.rank, topo.size, static_cast<double>(ctx.mesh.dp()), &scaler}, *strategy);

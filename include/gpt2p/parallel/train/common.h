@@ -121,12 +121,13 @@ nlohmann::json recorded_config(const TrainConfig& cfg, const TrainData& data);
 void check_resume_identity(const model::TrainState& state, const TrainConfig& cfg,
                            const TrainData& data, int rank);
 
-// Rank 0's record of a stop: the line saying where the checkpoint is and how to resume, and
+// Rank 0's record of a stop: the line saying where the checkpoint is and the command that
+// continues it on `world` ranks (its settings come from the run's config file), and
 // <out>/stopped.json, written atomically once the checkpoint is committed. A launcher whose mpirun
 // exits 1 after a signal of its own (Open MPI does, whatever the ranks returned) tells by that
 // file that the ranks stopped cleanly (scripts/launch).
-void report_stopped(const char* program, int signal, int64_t step, const std::string& out,
-                    int rank);
+void report_stopped(const char* program, int signal, int64_t step, const std::string& out, int rank,
+                    int world);
 
 // Rank 0 removes a <out>/stopped.json left by an earlier run: the file speaks of one run only.
 void clear_stopped(const std::string& out, int rank);
