@@ -1,5 +1,5 @@
-# Shared by scripts/test, scripts/run, scripts/bench: configure + build in one place.
-# Usage: source scripts/lib.sh; gpt2p_build <build-dir> [extra cmake args...]
+# Shared by scripts/test, scripts/run, scripts/bench, scripts/gpu-check and jobs/: configure + build
+# in one place. Usage: source scripts/lib.sh; gpt2p_build <build-dir> [extra cmake args...]
 GPT2P_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -37,6 +37,14 @@ gpt2p_has_gpu() {
     python3 -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
 }
 
+# Configures and builds DIR, printing on stderr what it builds, about how long that takes and its
+# progress (one line updating on a terminal, else a line every tenth of the steps or every minute);
+# the build's whole output goes to DIR/build.log. On a failure it prints the compiler's output (the
+# failed steps, from that log) and the log's path, and returns non-zero.
+#   gpt2p_build DIR [extra cmake args...]
+#   GPT2P_TARGETS="a b"     build only those (default: everything, tests included)
+#   GPT2P_JOBS=N            parallel jobs (default: nproc)
+#   GPT2P_BUILD_VERBOSE=1   print the build's whole output instead of the progress
 gpt2p_build() {
   local dir=$1; shift
   local args=(-G Ninja -DCMAKE_BUILD_TYPE=${GPT2P_BUILD_TYPE:-RelWithDebInfo})
@@ -46,11 +54,139 @@ gpt2p_build() {
            -DBoost_USE_STATIC_LIBS=ON)
   fi
   command -v ninja >/dev/null 2>&1 || args=("${args[@]:2}")
+  [ -f "$dir/CMakeCache.txt" ] || echo "build: configuring $dir (log: $dir.configure.log)" >&2
   cmake -S "$GPT2P_ROOT" -B "$dir" "${args[@]}" "$@" >"$dir.configure.log" 2>&1 ||
-    { cat "$dir.configure.log"; echo "configure failed (log: $dir.configure.log)" >&2; return 1; }
-  # GPT2P_TARGETS="a b": build only those (scripts/run needs no test binaries).
-  # shellcheck disable=SC2086
-  cmake --build "$dir" -j "${GPT2P_JOBS:-$(nproc)}" ${GPT2P_TARGETS:+--target $GPT2P_TARGETS}
+    { cat "$dir.configure.log" >&2; echo "build: configure failed (log: $dir.configure.log)" >&2; return 1; }
+  local jobs=${GPT2P_JOBS:-$(nproc)} log=$dir/build.log rc=0 t0=$SECONDS
+  local targets=() tflag=()
+  read -r -a targets <<<"${GPT2P_TARGETS:-}"
+  [ ${#targets[@]} = 0 ] || tflag=(--target "${targets[@]}")
+  gpt2p_build_plan "$dir" "$jobs" "$log" ${targets[@]+"${targets[@]}"}
+  # The build's exit status travels as the last line of its output: the pipeline's status is then
+  # that of gpt2p_build_progress, with or without the caller's pipefail.
+  { local r=0
+    NINJA_STATUS="[%f/%t] " cmake --build "$dir" -j "$jobs" ${tflag[@]+"${tflag[@]}"} 2>&1 || r=$?
+    echo "gpt2p-build-exit $r"; } | gpt2p_build_progress "$log" || rc=$?
+  if [ "$rc" != 0 ]; then
+    gpt2p_build_failure "$log"
+    return "$rc"
+  fi
+  local warnings
+  warnings=$(grep -c 'warning:' "$log" || true)
+  [ "$warnings" = 0 ] || echo "build: $warnings warning(s): see $log" >&2
+  [ $((SECONDS - t0)) -lt 5 ] || echo "build: done in $(gpt2p_duration $((SECONDS - t0)))" >&2
+  return 0
+}
+
+# "build: <targets> in DIR: N steps, about A-B min on C cores" on stderr, from ninja's dry run
+# (-n): each step costs what it took the last time (DIR/.ninja_log), else what such a step took in
+# a cold build on 2 cores (no ccache hits): a torch translation unit of the libraries or programs
+# 38 s, one of the tests 21 s, a torch-free one (the layers core, io, cli, data, pipeline/plan:
+# tests/style/layers.sh) 4 s, the precompiled torch header 200 s, a link 3 s. That makes
+# scripts/run's first build (99 steps) about 19 min there.
+#   gpt2p_build_plan DIR JOBS LOG [target...]
+gpt2p_build_plan() {
+  local dir=$1 jobs=$2 log=$3; shift 3
+  local what=${*:-everything (programs and tests)} cores plan
+  cores=$(nproc); [ "$jobs" -lt "$cores" ] && cores=$jobs
+  if [ ! -f "$dir/build.ninja" ] || ! command -v ninja >/dev/null 2>&1; then
+    echo "build: $what in $dir with $jobs jobs (log: $log)" >&2
+    return 0
+  fi
+  plan=$(ninja -C "$dir" -n "$@" 2>&1 |
+    awk -v nlog="$dir/.ninja_log" '
+      BEGIN { while ((getline l < nlog) > 0) { split(l, f, "\t"); if (f[4] != "") { t[f[4]] = (f[2] - f[1]) / 1000; known++ } } }
+      /^ninja: error/ { bad = 1 }
+      /^\[[0-9]+\/[0-9]+\]/ {
+        n++; o = $NF
+        if (o in t) s += t[o]
+        else if (o ~ /\.gch$/) s += 200
+        else if ($2 == "Linking") s += 3
+        else if (o ~ /\/src\/(core|io|cli|data|pipeline\/plan)\//) s += 4
+        else if (o ~ /^tests\//) s += 21
+        else s += 38 }
+      END { printf "%d %d %d\n", bad ? -1 : n, s, (known > 0) }')
+  local steps secs seen
+  read -r steps secs seen <<<"${plan:-0 0 0}"
+  [ "$steps" != -1 ] || return 0  # ninja refused (an unknown target): the build says why
+  if [ "$steps" = 0 ]; then
+    echo "build: $what in $dir: up to date" >&2
+    return 0
+  fi
+  local est=$((secs / cores)) range
+  if [ "$est" -lt 90 ]; then
+    range="about a minute or less"
+  else
+    range="about $((est * 7 / 600))-$(((est * 13 + 599) / 600)) min"  # +-30 %
+  fi
+  if [ "$seen" = 0 ]; then
+    echo "build: first build of $what in $dir: $steps steps, $range on $cores cores" \
+         "(much less where ccache already holds them; later builds take seconds to minutes)" >&2
+  else
+    echo "build: $what in $dir: $steps steps to do, $range on $cores cores" >&2
+  fi
+  echo "build: progress below; the whole output goes to $log" >&2
+}
+
+# Reads the build's output (ending with "gpt2p-build-exit RC"), writes it to LOG and prints the
+# progress on stderr; returns RC.
+#   gpt2p_build_progress LOG
+gpt2p_build_progress() {
+  local log=$1 line rc=1 tty=0 shown=-1 last=$SECONDS t0=$SECONDS n total pct width desc
+  [ -t 2 ] && [ "${GPT2P_BUILD_VERBOSE:-0}" != 1 ] && tty=1
+  width=${COLUMNS:-80}
+  while IFS= read -r line; do
+    case "$line" in  # the build's last line may lack its newline: the status then ends it
+      *"gpt2p-build-exit "*)
+        [ "$line" = "gpt2p-build-exit ${line##*gpt2p-build-exit }" ] || printf '%s\n' "${line%gpt2p-build-exit *}" >&3
+        rc=${line##*gpt2p-build-exit }; continue ;;
+    esac
+    printf '%s\n' "$line" >&3
+    if [ "${GPT2P_BUILD_VERBOSE:-0}" = 1 ]; then printf '%s\n' "$line" >&2; continue; fi
+    if [[ $line =~ ^\[([0-9]+)/([0-9]+)\]\ (.*)$ ]]; then      # ninja: [n/N] description
+      n=${BASH_REMATCH[1]}; total=${BASH_REMATCH[2]}; desc=${BASH_REMATCH[3]}
+      pct=$((total > 0 ? 100 * n / total : 100))
+    elif [[ $line =~ ^\[\ *([0-9]+)%\]\ (.*)$ ]]; then          # make: [ p%] description
+      pct=${BASH_REMATCH[1]}; n="$pct%"; total=""; desc=${BASH_REMATCH[2]}
+    else
+      continue
+    fi
+    if [ "$tty" = 1 ]; then
+      # "Building CXX object CMakeFiles/gpt2p_core.dir/src/core/error.cpp.o": src/core/error.cpp
+      case "$desc" in "Building "*" object "*) desc=${desc##* object }; desc=${desc#*.dir/}; desc=${desc%.o} ;; esac
+      line="build: [$n${total:+/$total}] $(gpt2p_duration $((SECONDS - t0))) $desc"
+      printf '\r\033[K%s' "${line:0:$((width - 1))}" >&2
+      shown=1
+    elif [ $((pct / 10)) -gt "$shown" ] || [ $((SECONDS - last)) -ge 60 ]; then
+      echo "build: [$n${total:+/$total}] $(gpt2p_duration $((SECONDS - t0)))" >&2
+      shown=$((pct / 10)); last=$SECONDS
+    fi
+  done 3>"$log"
+  # The last progress line stays.
+  [ "$tty" = 0 ] || [ "$shown" = -1 ] || printf '\n' >&2
+  return "$rc"
+}
+
+# The compiler's output of a failed build on stderr: ninja's failed steps (each "FAILED: <file>"
+# and what the compiler said, without the long command line, which stays in the log), else the
+# log's end; then the log's path.
+gpt2p_build_failure() {
+  local log=$1 max=40 excerpt
+  if grep -q '^FAILED: ' "$log"; then
+    excerpt=$(awk '/^FAILED: / { f = 1; print; getline; next }
+                   f && !/^\[[0-9]+\/[0-9]+\] / { print }' "$log")
+  else
+    excerpt=$(tail -n "$max" "$log")
+  fi
+  echo "build: failed; the failing step's output:" >&2
+  sed -n "1,${max}s/^/  /p" <<<"$excerpt" >&2
+  [ "$(wc -l <<<"$excerpt")" -le "$max" ] || echo "  ..." >&2
+  echo "build: the whole output is in $log" >&2
+}
+
+# "42 s", "3 min 5 s"
+gpt2p_duration() {
+  if [ "$1" -lt 60 ]; then echo "$1 s"; else echo "$(($1 / 60)) min $(($1 % 60)) s"; fi
 }
 
 # The python3 that has the analysis dependencies (h5py, numpy, matplotlib, pytest): the first on
