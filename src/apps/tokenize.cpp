@@ -1,7 +1,10 @@
 // tokenize: GPT-2 BPE over JSON lines. stdin {"text": "..."} -> stdout {"ids": [...]}, or the
 // reverse with --decode. Blank (or all-whitespace) lines are skipped, as JSON-lines readers do:
 // they write nothing and are still counted in the line numbers of errors. Used by
-// scripts/device/check_tokenizer.py to compare with Hugging Face.
+// scripts/device/check_tokenizer.py to compare with Hugging Face. Started at a terminal without
+// piped input, it says on stderr what it waits for, then reads the lines typed.
+#include <unistd.h>
+
 #include <climits>
 #include <cstdlib>
 #include <iostream>
@@ -63,6 +66,14 @@ int main(int argc, char** argv) {
         const bool specials = vm["specials"].as<bool>();
         const auto tok = gpt2p::data::BpeTokenizer::from_dir(vocab_dir);
 
+        if (isatty(STDIN_FILENO) != 0) {
+          std::cerr << "tokenize: reading JSON lines from the terminal, one "
+                    << (decode ? "{\"ids\": [15496, 995]}" : "{\"text\": \"Hallo Welt\"}")
+                    << " per line, Ctrl-D to end; or pipe them in: "
+                    << (decode ? "echo '{\"ids\": [15496, 995]}' | tokenize --decode"
+                               : "echo '{\"text\": \"Hallo Welt\"}' | tokenize")
+                    << std::endl;
+        }
         std::ios::sync_with_stdio(false);
         std::string line;
         long line_no = 0;
