@@ -13,6 +13,7 @@
 // moments (sharded over the replicas with --zero 1) plus the activations its schedule keeps, as
 // the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -440,6 +441,13 @@ int run(Flags f) {
                                 gpt2p::compat::compute_capability(device));
   gpt2p::compat::set_strict_fp32(f.precision == gpt2p::model::Precision::kFp32);
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
+  // The layer timing takes minutes for GPT-2 124M on a CPU: say what runs, on stderr.
+  const auto started = std::chrono::steady_clock::now();
+  f.spec.progress = [&](const std::string& what) {
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::fprintf(stderr, "pp_plan: %s on %s (%.0f s so far)\n", what.c_str(), where.c_str(), s);
+  };
   if (f.gpus > 0) return run_hybrid(f, config, device);
   const pl::Plan plan = pl::make_plan(config, f.spec, device);
   // parse_flags refused the requests without rows; this is only a safety net.
@@ -471,6 +479,18 @@ int run(Flags f) {
                 r.stages_per_rank, r.microbatches,
                 static_cast<long long>(f.spec.batch_size / r.microbatches), 1e3 * r.step_s,
                 r.speedup, r.ideal, 100.0 * r.idle, peak_gib(r));
+  }
+  // A pipeline of P stages is at most P times as fast as model parallelism, which runs the same
+  // stages one after another: a prediction above that comes from layer times that are cheaper per
+  // row at small micro-batches (caches, on a CPU), not from the schedule.
+  for (const auto& r : plan.rows) {
+    if (r.schedule == "model_parallel" || r.speedup <= f.spec.stages * 1.05) continue;
+    std::printf(
+        "# warning: a predicted speed-up (%.2fx, %s M=%d) exceeds the %d stages' bound of %dx: the "
+        "layer times per row fall at small micro-batches on %s, so the speed-ups here overstate "
+        "what pp_train gets; time the plan on the device that trains\n",
+        r.speedup, r.schedule.c_str(), r.microbatches, f.spec.stages, f.spec.stages, where.c_str());
+    break;
   }
   // The fastest pipeline plan (the model_parallel rows are the baseline).
   const pl::PlanRow* best = nullptr;

@@ -236,10 +236,19 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   const std::string cmd = plan_binary() +
                           " --device cpu --preset tiny --n-layer 2 --vocab-size 300 --stages 2"
                           " --batch-size 4 --seq-len 8 --microbatches 2,4 --reps 1 --json-out " +
-                          json + " > " + (dir / "out.txt");
+                          json + " > " + (dir / "out.txt") + " 2> " + (dir / "err.txt");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto doc = nlohmann::json::parse(std::ifstream(json));
   EXPECT_EQ(doc["stages"], 2);
+  // The timing, the slow part, is announced on stderr one micro-batch size at a time.
+  std::ifstream err(dir / "err.txt");
+  const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  for (const char* step : {"micro-batches of 4 rows (M = 1, 1 of 3) on cpu",
+                           "micro-batches of 2 rows (M = 2, 2 of 3) on cpu",
+                           "micro-batches of 1 rows (M = 4, 3 of 3) on cpu"}) {
+    EXPECT_NE(said.find(std::string("pp_plan: timing the layers at ") + step), std::string::npos)
+        << said;
+  }
   // M = 1 is always timed (the model-parallel baseline): rows 4, 2 and 1.
   EXPECT_EQ(doc["layer_costs_s_by_rows"].size(), 3U);
   EXPECT_EQ(doc["layer_costs_s_by_rows"]["4"].size(), 4U);  // embedding, 2 blocks, head

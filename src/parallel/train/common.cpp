@@ -51,21 +51,24 @@ std::string format_eta(double seconds) {
 }
 
 void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch, double loss,
-                    double tokens_per_sec, double mfu, double eta_seconds,
-                    const std::string& scaling) {
+                    double step_seconds, double lr, double tokens_per_sec, double mfu,
+                    double eta_seconds, const std::string& scaling) {
   char mfu_text[32] = "";
   if (std::isfinite(mfu)) std::snprintf(mfu_text, sizeof mfu_text, " mfu %.1f%%", 100 * mfu);
-  std::printf("epoch %lld/%d step %lld/%lld loss %.4f%s tok/s %.0f (all ranks)%s eta %s\n",
-              static_cast<long long>(epoch + 1), epochs, static_cast<long long>(batch + 1),
-              static_cast<long long>(per_epoch), loss, scaling.c_str(), tokens_per_sec, mfu_text,
-              format_eta(eta_seconds).c_str());
+  std::printf(
+      "epoch %lld/%d step %lld/%lld loss %.4f%s | %.1f ms/step lr %g | tok/s %.0f (all ranks)%s "
+      "| eta %s\n",
+      static_cast<long long>(epoch + 1), epochs, static_cast<long long>(batch + 1),
+      static_cast<long long>(per_epoch), loss, scaling.c_str(), 1000 * step_seconds, lr,
+      tokens_per_sec, mfu_text, format_eta(eta_seconds).c_str());
   std::fflush(stdout);
 }
 
 void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens) {
-  std::printf("Epoch %lld on Rank %d: Training Time = %.4f, Tokens_per_sec = %.1f\n",
-              static_cast<long long>(epoch), rank, train_time,
-              static_cast<double>(tokens) / train_time);
+  std::printf(
+      "Epoch %lld on Rank %d: Training Time = %.4f, Tokens_per_sec = %.1f   (HW5's line: "
+      "epochs from 0, this rank's tokens)\n",
+      static_cast<long long>(epoch), rank, train_time, static_cast<double>(tokens) / train_time);
   std::fflush(stdout);
 }
 
@@ -93,7 +96,8 @@ void finish_step(io::RunRecorder& recorder, io::StepRecord rec, EpochTotals& tot
       std::snprintf(scaling, sizeof scaling, " scale %g (%lld skipped)", rec.loss_scale,
                     static_cast<long long>(place.skipped_steps));
     }
-    print_progress(place.epoch, place.epochs, place.batch, place.per_epoch, rec.loss,
+    print_progress(place.epoch, place.epochs, place.batch, place.per_epoch, rec.loss, step_time,
+                   place.lr,
                    static_cast<double>(rec.padded_tokens) * place.tokens_factor / step_time,
                    run_mfu, remaining * step_time, scaling);
   }

@@ -79,7 +79,8 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
           {epoch, cfg.optim.epochs, b, per_epoch, cfg.output.log_every, setup.rank == 0,
            setup.tokens_factor, ctx.peak_flops, run_flops, setup.ranks,
            setup.scaler != nullptr && setup.scaler->enabled() ? setup.scaler->state().skipped_steps
-                                                              : -1});
+                                                              : -1,
+           cfg.optim.lr});
       profiler.after_step(step);
       stopped_by = stop_requested(ctx.control);
       end_epoch_at = epoch;

@@ -28,8 +28,14 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   if (std::find(counts.begin(), counts.end(), 1) == counts.end()) counts.insert(counts.begin(), 1);
   Plan plan;
   std::map<int, std::vector<double>> costs;  // M -> per-layer costs of one micro-batch
-  for (int m : counts) {
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const int m = counts[i];
     const int64_t rows = spec.batch_size / m;
+    if (spec.progress) {
+      spec.progress("timing the layers at micro-batches of " + std::to_string(rows) +
+                    " rows (M = " + std::to_string(m) + ", " + std::to_string(i + 1) + " of " +
+                    std::to_string(counts.size()) + ")");
+    }
     const LayerTimes t =
         measure_layer_times(config, rows, spec.seq_len, model::autocast_type(spec.precision),
                             device, 2, spec.reps, 3, spec.loss_fraction);

@@ -36,13 +36,17 @@ torch::Tensor host_mask(const data::Batch& b);
 // "1h02m03s".
 std::string format_eta(double seconds);
 
-// Rank 0's progress line: "epoch E/N step B/P loss L tok/s X (all ranks) eta ..."; `scaling`
-// (e.g. " scale 32768 (2 skipped)") follows the loss.
+// Rank 0's progress line: "epoch E/N step B/P loss L[ scaling] | 52.1 ms/step lr 0.0001 | tok/s X
+// (all ranks)[ mfu M%] | eta ...". tok/s is this step's tokens of all ranks (padded, the batch
+// once) over its time, as the analysis counts them; `scaling` (e.g. " scale 32768 (2 skipped)")
+// follows the loss.
 void print_progress(int64_t epoch, int epochs, int64_t batch, int64_t per_epoch, double loss,
-                    double tokens_per_sec, double mfu, double eta_seconds,
-                    const std::string& scaling = "");
+                    double step_seconds, double lr, double tokens_per_sec, double mfu,
+                    double eta_seconds, const std::string& scaling = "");
 
-// HW5's per-rank line: "Epoch {e} on Rank {r}: Training Time = {t}, Tokens_per_sec = {x}".
+// HW5's per-rank line: "Epoch {e} on Rank {r}: Training Time = {t}, Tokens_per_sec = {x}" (HW5's
+// format: epochs from 0, one rank's tokens over its epoch's training time), then a label that says
+// so.
 void print_epoch_time(int64_t epoch, int rank, double train_time, int64_t tokens);
 
 // One epoch's totals of this rank's steps.
@@ -69,6 +73,7 @@ struct StepPlace {
   int ranks = 1;
   // Loss scaling (loss_scaler.h): the steps skipped in the run so far, or -1 when it is off.
   int64_t skipped_steps = -1;
+  double lr = 0;  // the optimizer's learning rate this step
 };
 
 // What every loop does with a finished step: refuse a non-finite loss (with the fix; a step loss

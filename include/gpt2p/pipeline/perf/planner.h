@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,6 +43,9 @@ struct PlanSpec {
   // moments sharded over them); only the memory prediction reads them.
   int replicas = 1;
   int zero = 0;
+  // Told before each micro-batch size is timed (the slow part: minutes for a large model on a
+  // CPU): "timing micro-batches of R rows (k of n)". Empty: nothing said.
+  std::function<void(const std::string&)> progress;
 };
 
 struct PlanRow {
