@@ -192,3 +192,39 @@ def test_plan_predictions_for_a_run():
     assert matrix_table.plan_prediction(two, dict(run, partition="uniform")) == 0.09
     assert matrix_table.plan_prediction(two, dict(run, mode="model_parallel")) == pytest.approx(0.12)
     assert matrix_table.plan_prediction(two, dict(run, schedule="gpipe")) is None
+
+
+@pytest.mark.parametrize("mean, spread, n, text", [
+    (261.53, 3.14, None, "261.5 ± 3.1"),          # the spread's two significant digits decide
+    (336.601, 42.0, 2, "337 ± 42"),
+    (1500.0, 300.0, None, "1.50k ± 0.30k"),        # k for the mean and the spread alike
+    (74648.278, 75.758, 2, "74.648k ± 0.076k"),
+    (1_234_500.0, 2000.0, None, "1.2345M ± 0.0020M"),
+    (8.559831, 0.008687, 2, "8.5598 ± 0.0087"),
+    (0.5, 3.2, None, "0.5 ± 3.2"),
+    (500.0, 300.0, None, "500 ± 300"),
+    (336.6, 0.0, 2, "336.6 ± 0.0"),               # no spread over 2 epochs: 0 at the mean's digits
+    (1.521, 1.2e-6, None, "1.52100 ± 0.00000"),   # the mean keeps at most 6 significant digits
+    (336.6, 0.0, 1, "336.6 (n=1)"),               # one sample has no spread
+    (74648.3, 0.0, 1, "74.65k (n=1)"),
+    (336.6, float("nan"), None, "336.6"),
+    (float("nan"), 1.0, 2, "-"),
+])
+def test_mean_pm(mean, spread, n, text):
+    assert numbers.mean_pm(mean, spread, n) == text
+
+
+def test_mean_pm_never_writes_scientific_notation_or_a_bare_zero_spread():
+    for mean in (3e-5, 0.0123, 1.5, 261.453, 9999.6, 1.077e5, 3.3e7, 4e9):
+        for spread in (0.0, 1e-9, 0.003 * mean, 0.4 * mean, 3 * mean):
+            text = numbers.mean_pm(mean, spread, 3)
+            value, sd = text.split(" ± ")
+            assert "e" not in text and sd != "0" or mean == 0, text
+            # value and spread to the same decimal place, in the same unit
+            assert len(value.rstrip("kMGT").partition(".")[2]) == len(sd.rstrip("kMGT").partition(".")[2]), text
+            assert value[-1].isdigit() == sd[-1].isdigit(), text
+    assert numbers.mean_pm(8.559831, 0.008687, suffix=False) == "8.5598 ± 0.0087"
+    assert numbers.mean_pm(1500.0, 300.0, suffix=False) == "1500 ± 300"
+    assert numbers.pm_parts(261.53, 3.14) == ("261.5", "3.1")
+    assert numbers.pm_parts(261.53, 3.14, n=1) == ("261.5", None)
+
