@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from analysis import metrics, plots, summary, timeline
+from analysis import numbers as fmt
 from analysis.reader import Run, RunError, find_runs, read_run, shared_gpu_note, warn
 
 EXIT_BELOW_THRESHOLD = 2
@@ -42,16 +44,46 @@ def _unique_names(runs: List[Run]) -> List[str]:
     return names
 
 
-def _fmt(x: float, digits=4) -> str:
-    return "nan" if x is None or x != x else f"{x:.{digits}g}"
+def pm_column(cells: Sequence[Tuple[float, Optional[float], Optional[int]]], suffix: bool = True) -> List[str]:
+    """(mean, spread, n) per row as "value ± spread" (numbers.pm_parts), the ± signs of the
+    column one under the other; one sample: "value (n=1)"."""
+    parts = [fmt.pm_parts(m, sd, n, suffix) for m, sd, n in cells]
+    width = max([len(v) for v, _ in parts] + [0])
+    out = []
+    for (v, sd), (_, _, n) in zip(parts, cells):
+        if sd is not None:
+            out.append(f"{v:>{width}} ± {sd}")
+        else:
+            out.append(f"{v:>{width}}" + (" (n=1)" if n == 1 and v != fmt.MISSING else ""))
+    return out
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> List[str]:
+    """Lines of a plain-text table: the header as a comment ("# ..."), then the rows indented two
+    spaces; the columns in `right` right-aligned."""
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if j in right else c.ljust(w)
+                         for j, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return ["# " + line(head)] + ["  " + line(r) for r in rows]
+
+
+def comment(text: str, width: int = 100) -> str:
+    """`text` as "# " lines of at most `width` characters."""
+    return "\n".join(textwrap.wrap(text, width - 2, initial_indent="# ", subsequent_indent="#   "))
+
+
+def _epochs_used(p: Dict) -> str:
+    """"2 +1 warm-up": the epochs averaged and the warm-up epochs dropped before them."""
+    n, w = len(p["epochs_used"]), p["warmup_epochs_dropped"]
+    return f"{n} +{w} warm-up" if w else str(n)
 
 
 def cmd_summarize(args) -> int:
     runs = _expand(args.runs, allow_missing=True)
     out = Path(args.out)
     rows = []
-    print(f"# {'run':<28} {'program':<11} {'ranks':>5} {'epochs':>6} {'time/epoch s':>14} "
-          f"{'tok/s':>16} {'val loss':>8}")
     for run, name in zip(runs, _unique_names(runs)):
         s = summary.run_summary(run, args.warmup_epochs)
         d = out / name
@@ -60,12 +92,18 @@ def cmd_summarize(args) -> int:
         plots.loss_plot([run], d / "loss.png")
         if "pipeline_bubble" in s:
             timeline.write_timeline(run, d)
-        p = s["performance"]
-        print(f"  {name:<28} {run.program:<11} {run.world_size:>5} {len(p['epochs_used']):>6} "
-              f"{_fmt(p['time_mean']):>7}±{_fmt(p['time_std'], 2):<6} "
-              f"{_fmt(p['tok_mean'], 6):>9}±{_fmt(p['tok_std'], 2):<6} "
-              f"{_fmt(s['losses']['final_val_loss']):>8}")
         rows.append({"name": name, **s})
+    perf = [r["performance"] for r in rows]
+    tput = [r["throughput"] for r in rows]
+    times = pm_column([(p["time_mean"], p["time_std"], len(p["epochs_used"])) for p in perf], suffix=False)
+    toks = pm_column([(t["tok_s_mean"], t["tok_s_std"], len(t["epochs_used"])) for t in tput])
+    print(comment(metrics.TOK_S_DEFINITION + " (analysis/README.md)."))
+    print(comment("time/epoch: " + metrics.HW5_TIME_DEFINITION.split(": ", 1)[1] + "."))
+    head = ["run", "program", "ranks", "epochs", "time/epoch s", metrics.TOK_S_LABEL, "val loss"]
+    cells = [[r["name"], r["program"], str(r["world_size"]), _epochs_used(p), t, k,
+              fmt.sig(r["losses"]["final_val_loss"], 4)]
+             for r, p, t, k in zip(rows, perf, times, toks)]
+    print("\n".join(table(head, cells, right=(2, 6))))
     summary.write_json(out / "summary.json", {"runs": rows})
     plots.loss_plot(runs, out / "loss_curves.png")
     note = shared_gpu_note(runs)
@@ -93,21 +131,31 @@ def cmd_hw5(args) -> int:
     summary.write_json(out / "performance_summary.json", s)
     details = {k: summary.run_summary(r, args.warmup_epochs) for k, r in runs.items() if r}
     summary.write_json(out / "hw5_details.json", details)
-    plots.hw5_plots(s, out, {"dp_multi": runs["dp_multi"], "pp_pipeline": runs["pp_pipeline"]})
-    print(f"# HW5 summary (warm-up epochs dropped: {s['config']['warmup_epochs_dropped']})")
+    run_of = {"single_gpu": "dp_single", "two_gpu": "dp_multi", "model_parallel": "pp_model",
+              "pipeline_parallel": "pp_pipeline"}
+    samples = {k: len(details[r]["performance"]["epochs_used"]) for k, r in run_of.items() if r in details}
+    plots.hw5_plots(s, out, {"dp_multi": runs["dp_multi"], "pp_pipeline": runs["pp_pipeline"]}, samples)
+    print(f"# HW5 summary (warm-up epochs dropped: {s['config']['warmup_epochs_dropped']}; "
+          "HW5's metrics as HW5 defines them)")
     if s.get("ranks_share_gpu"):
         print(f"# note: {s['note']}")
-    print(f"# {'section':<18} {'run':<18} {'time/epoch s':>18} {'tok/s':>22}")
-    for sec, keys in (("data_parallel", ("single_gpu", "two_gpu")),
-                      ("pipeline_parallel", ("model_parallel", "pipeline_parallel"))):
+    sections = [(sec, keys) for sec, keys in (("data_parallel", ("single_gpu", "two_gpu")),
+                                              ("pipeline_parallel", ("model_parallel", "pipeline_parallel")))
+                if s[sec] is not None]
+    print(comment(metrics.HW5_TIME_DEFINITION + "."))
+    for sec, _ in sections:
+        print(comment(f"{sec}: {s[sec]['tokens_per_sec_definition']}."))
+    stats = [s[sec][k] for sec, keys in sections for k in keys]
+    n = [samples[k] for _, keys in sections for k in keys]
+    times = pm_column([(v["time_mean"], v["time_std"], m) for v, m in zip(stats, n)], suffix=False)
+    toks = pm_column([(v["tok_mean"], v["tok_std"], m) for v, m in zip(stats, n)])
+    cells = [[sec, k] for sec, keys in sections for k in keys]
+    print("\n".join(table(["section", "run", "HW5 time/epoch s", "HW5 tok/s"],
+                          [c + [t, k] for c, t, k in zip(cells, times, toks)])))
+    for sec, _ in sections:
         v = s[sec]
-        if v is None:
-            continue
-        for k in keys:
-            print(f"  {sec:<18} {k:<18} {_fmt(v[k]['time_mean']):>10} ± {_fmt(v[k]['time_std'], 2):<5} "
-                  f"{_fmt(v[k]['tok_mean'], 6):>12} ± {_fmt(v[k]['tok_std'], 2):<7}")
-        print(f"  {sec:<18} speedup: time {_fmt(v['speedup_time_reduction_x'], 3)}x, "
-              f"throughput {_fmt(v['speedup_throughput_x'], 3)}x")
+        print(f"  {sec}: speedup: time {fmt.ratio(v['speedup_time_reduction_x'])}, "
+              f"throughput {fmt.ratio(v['speedup_throughput_x'])}")
     print(f"wrote {out}/performance_summary.json and the HW5 plots")
     if args.grade:
         failures = summary.grade(s, _thresholds(args))
@@ -133,7 +181,10 @@ def cmd_sweep(args) -> int:
     world_pts, m_pts = [], []
     for run in runs:
         p = metrics.run_performance(run, args.warmup_epochs)
+        t = metrics.throughput(run, args.warmup_epochs)
+        # tok_s_*: the analysis's tokens/s (what the plots draw); tok_* and time_*: HW5's.
         pt = {"run": str(run.path), "program": run.program, "world_size": run.world_size,
+              "tok_s_mean": t["tok_s_mean"], "tok_s_std": t["tok_s_std"],
               "tok_mean": p["tok_mean"], "tok_std": p["tok_std"], "time_mean": p["time_mean"],
               "time_std": p["time_std"]}
         note = shared_gpu_note([run])
@@ -166,8 +217,12 @@ def cmd_sweep(args) -> int:
                                             int(c["seq_len"]), pipe_runs[0].pp)
         except (ValueError, KeyError) as e:
             raise RunError(f"--plan {args.plan}: {e}")
-    summary.write_json(out / "sweep.json", {"world_size": world_pts, "microbatches": m_pts,
-                                            "predicted": predicted or []})
+    summary.write_json(out / "sweep.json", {
+        "world_size": world_pts, "microbatches": m_pts, "predicted": predicted or [],
+        "definitions": {"tok_s_mean": metrics.TOK_S_DEFINITION,
+                        "tok_mean": f"dp_train, gpt2_train: {metrics.HW5_TOK_DP_DEFINITION}; "
+                                    f"pp_train: {metrics.HW5_TOK_PP_DEFINITION}",
+                        "time_mean": metrics.HW5_TIME_DEFINITION}})
     made = []
     if world_pts:
         made.append(plots.world_size_plot(world_pts, out / "throughput_vs_world_size.png",

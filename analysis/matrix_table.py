@@ -10,15 +10,18 @@ rc, seconds, command), runs/<row>/rep<r>/ (the trainers' rank<r>.h5; pp_plan's p
 anchors/<key>.rep<r>.jsonl (an anchor's JSON lines) and machine.txt.
 
 How the numbers are made, per row:
-- a step's time is the slowest rank's (end - start of /steps); its tokens are the batch's padded
-  tokens: summed over the ranks of dp_train (each rank is a replica), counted once per pipeline
-  for pp_train (its stages share one batch; with --dp D summed over the D replicas);
+- tokens/s is the analysis's (metrics.TOK_S_DEFINITION, analysis/README.md): all ranks' padded
+  tokens per second of training time, taken per step: a step's tokens are the batch's padded
+  tokens summed over the ranks of dp_train (each rank is a replica), counted once per pipeline for
+  pp_train (its stages share one batch; with --dp D summed over the D replicas), its time is the
+  slowest rank's (end - start of /steps);
 - the first W steps of every repetition are warm-up and dropped; the rest of all repetitions are
   pooled: tokens/s = median of tokens / step time, step = median step time;
 - peak = the largest peak_memory_bytes of any rank (median over repetitions); MFU = the trainers'
   own per-step MFU (model/flops.h), mean over ranks, median over the steps, where recorded;
 - anchor: the anchor script's tok_s for the same configuration (median over repetitions), run
-  in the same invocation; ours/anchor = our tokens/s over it;
+  in the same invocation; the anchors count alike (every rank's batch x seq_len over the median
+  step); ours/anchor = our tokens/s over it;
 - ours/base: our tokens/s over the base row's; where the base is a pp_plan row, over the tokens/s
   of its predicted step for this row's schedule, M and stages per rank.
 Exit status: 0 when every row and anchor ended as expected, 1 when one did not, 2 on bad input."""
@@ -29,6 +32,7 @@ import argparse
 import csv
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -257,15 +261,26 @@ def add_base_ratios(rows: List[Dict]) -> None:
                 r["vs_base"] = step / r["step_s"]
 
 
+TOK_S_HEAD = "tok/s (all ranks)"
+ANCHOR_TOK_S_HEAD = "anchor tok/s"
+
+
+def tok_s_note(warmup: int) -> str:
+    """What the tok/s columns are, for under the table."""
+    return (f"{TOK_S_HEAD}: {metrics.TOKENS_COUNTED} per second of the step's time (the slowest "
+            f"rank's); the median over every repetition's steps after the first {warmup}. "
+            f"{ANCHOR_TOK_S_HEAD}: the anchor's, counted alike.")
+
+
 COLUMNS = [  # header, cell
     ("row", lambda r: r["name"]),
     ("np", lambda r: str(r["ranks"])),
-    ("tok/s", lambda r: fmt.count(r.get("tok_s"))),
+    (TOK_S_HEAD, lambda r: fmt.count(r.get("tok_s"))),
     ("step", lambda r: fmt.ms(r.get("step_s"))),
     ("peak", lambda r: fmt.gib(r.get("peak_bytes"))),
     ("MFU", lambda r: fmt.percent(r.get("mfu"))),
     ("loss", lambda r: f"{r['loss']:.3f}" if fmt.finite(r.get("loss")) else fmt.MISSING),
-    ("anchor tok/s", lambda r: fmt.count(r.get("anchor_tok_s"))),
+    (ANCHOR_TOK_S_HEAD, lambda r: fmt.count(r.get("anchor_tok_s"))),
     ("anchor peak", lambda r: fmt.gib((r.get("anchor_gib") or float("nan")) * 2**30)),
     ("ours/anchor", lambda r: fmt.ratio(r.get("vs_anchor"))),
     ("ours/base", lambda r: fmt.ratio(r.get("vs_base")) + (f" ({r['base']})" if fmt.finite(r.get("vs_base")) else "")),
@@ -284,7 +299,7 @@ def cells(rows: List[Dict]):
 def text_table(rows: List[Dict]) -> str:
     head, grid = cells(rows)
     widths = [max(len(x) for x in col) for col in zip(head, *grid)]
-    right = {"np", "tok/s", "step", "peak", "MFU", "loss", "anchor tok/s", "anchor peak", "ours/anchor"}
+    right = {"np", TOK_S_HEAD, "step", "peak", "MFU", "loss", ANCHOR_TOK_S_HEAD, "anchor peak", "ours/anchor"}
 
     def line(values):
         return "  ".join(v.rjust(w) if h in right else v.ljust(w)
@@ -311,8 +326,8 @@ def readme(out: Path, doc: Dict, rows: List[Dict], anchors: List[Dict]) -> str:
             f"{reps} repetition{'s' if reps != 1 else ''}; each repetition runs every row, then every anchor.",
             "", "Command:", "", "```", doc["command"], "```", "",
             "## Table", "",
-            f"tokens/s and step: median over every repetition's steps after the first {doc['warmup_steps']} "
-            "(warm-up); a step is the slowest rank's. peak: the largest peak memory of any rank. "
+            f"{tok_s_note(doc['warmup_steps'])} step: the median step time over the same steps. "
+            "peak: the largest peak memory of any rank. "
             "ours/anchor: our tokens/s over the anchor's (the PyTorch script named in the matrix, "
             "same work, same invocation). ours/base: our tokens/s over the named row's (a pp_plan row: "
             "over its predicted step). `table.txt` and `table.json` hold the same; "
@@ -357,7 +372,8 @@ def build(out: Path, warmup: int, meta: Dict[str, str]) -> Dict[str, object]:
     doc = dict(title=title, matrix=matrix, command=meta.get("command") or "?",
                commit=meta.get("commit") or "?", date=meta.get("date") or "?",
                machine=(out / "machine.txt").read_text().strip() if (out / "machine.txt").exists() else "?",
-               warmup_steps=warmup, repeat=repeat, rows=rows, anchors=anchors)
+               warmup_steps=warmup, repeat=repeat, rows=rows, anchors=anchors,
+               tok_s_definition=tok_s_note(warmup))
     return doc
 
 
@@ -374,7 +390,7 @@ def main(argv=None) -> int:
     except RunError as e:
         print(f"matrix_table: error: {e}", file=sys.stderr)
         return 2
-    text = text_table(doc["rows"])
+    text = text_table(doc["rows"]) + "\n" + textwrap.fill(tok_s_note(a.warmup), 100) + "\n"
     (a.out / "table.txt").write_text(text)
     public = dict(doc, rows=[{k: v for k, v in r.items() if k != "plan"} for r in doc["rows"]])
     write_json(a.out / "table.json", public)

@@ -1,13 +1,23 @@
-"""HW5's metrics, computed from the per-rank tables of one run.
+"""The run's metrics, computed from the per-rank tables of one run: the analysis's tokens/s,
+HW5's metrics, the step breakdown, the pipeline bubble, the losses.
 
-Per epoch: training time = mean over ranks of /epochs/train_time; throughput = sum over data-parallel
-replicas of /epochs/tokens_per_sec (padded tokens, as HW5 counts). Every rank of dp_train and
-gpt2_train is its own replica (it trains on its own shard), so HW5's sum over ranks applies. All
-stages of a pipeline work on the same batch: they form one replica, whose throughput is the mean
-over its stages (stages that record no tokens are left out); a pp_train run with --dp D has D such
-replicas, each on its share of the batch, and its throughput is the sum of theirs. Warm-up epochs (the run's
-config.warmup_epochs unless overridden) are dropped, then mean and population standard deviation
-(numpy std, ddof=0) are taken over the remaining epochs."""
+tokens/s (throughput(), the analysis's one definition; analysis/README.md): all ranks' padded
+tokens (batch x seq_len on every data-parallel rank; a pipeline's batch counted once per replica,
+not once per stage) per second of training time. Per epoch: the epoch's tokens / its training
+time (the mean over ranks of /epochs/train_time, each rank's summed step times); then mean and
+population std over the epochs after the warm-up epochs. The C++ trainers count a step's tokens
+alike (all ranks: the step's padded tokens x LoopSetup::tokens_factor, the ranks of dp_train or
+the replicas of pp_train).
+
+HW5's metrics (run_performance(), kept as HW5 defines them): per epoch, training time = mean over
+ranks of /epochs/train_time; throughput = sum over data-parallel replicas of /epochs/tokens_per_sec
+(padded tokens, as HW5 counts). Every rank of dp_train and gpt2_train is its own replica (it trains
+on its own shard), so HW5's sum over ranks applies. All stages of a pipeline work on the same batch:
+they form one replica, whose throughput is the mean over its stages (stages that record no tokens
+are left out); a pp_train run with --dp D has D such replicas, each on its share of the batch, and
+its throughput is the sum of theirs. Warm-up epochs (the run's config.warmup_epochs unless
+overridden) are dropped, then mean and population standard deviation (numpy std, ddof=0) are taken
+over the remaining epochs."""
 
 from __future__ import annotations
 
@@ -22,6 +32,33 @@ PHASES = ("data", "forward", "backward", "sync_exposed", "optimizer")
 OP_NAMES = reader.OP_NAMES
 COMPUTE_OPS = (0, 1, 7)  # F, B and W (the deferred half of a split backward)
 
+# What "tokens/s" means everywhere in the analysis's own output (analysis/README.md), and how each
+# output aggregates it. Plots and tables label it TOK_S_LABEL.
+TOKENS_COUNTED = ("all ranks' padded tokens (batch x seq_len on every data-parallel rank; a "
+                  "pipeline's batch counted once per replica, not once per stage)")
+TOK_S_DEFINITION = (f"tokens/s: {TOKENS_COUNTED} per second of training time; per epoch: the "
+                    "epoch's tokens / its training time (the mean over ranks of /epochs/train_time, "
+                    "each rank's summed step times); then mean and population std over the epochs "
+                    "after the warm-up epochs")
+TOK_S_LABEL = "tok/s (all ranks, padded)"
+TOK_S_AGGREGATE = "mean ± std of the epochs after warm-up"
+# HW5's throughput, as HW5 defines it (performance_summary.json's tok_mean / tok_std).
+HW5_TOK_DP_DEFINITION = ("HW5's tokens/s: the sum over ranks of each rank's padded tokens / its own "
+                         "epoch training time (/epochs/tokens_per_sec, the trainer's per-rank "
+                         "'Tokens_per_sec' line); mean and population std over the epochs after "
+                         "warm-up")
+HW5_TOK_PP_DEFINITION = ("HW5's tokens/s: per pipeline replica the mean over its stages of each "
+                         "stage's padded tokens / its own epoch training time "
+                         "(/epochs/tokens_per_sec), summed over the replicas; mean and population "
+                         "std over the epochs after warm-up")
+HW5_TIME_DEFINITION = ("HW5's training time per epoch: the mean over ranks of /epochs/train_time "
+                       "(each rank's summed step times); mean and population std over the epochs "
+                       "after warm-up")
+
+
+def hw5_tok_definition(run: Run) -> str:
+    return HW5_TOK_PP_DEFINITION if run.is_pipeline else HW5_TOK_DP_DEFINITION
+
 
 def warmup_of(run: Run, override: Optional[int] = None) -> int:
     if override is not None:
@@ -31,7 +68,8 @@ def warmup_of(run: Run, override: Optional[int] = None) -> int:
 
 def epoch_table(run: Run) -> Dict[str, np.ndarray]:
     """Per epoch present on every rank: epoch, time (mean over ranks), tok (HW5 throughput),
-    and the per-rank columns time_r / tok_r as [epochs x ranks] arrays."""
+    tokens (all ranks' padded tokens, a pipeline replica's batch once), and the per-rank columns
+    time_r / tok_r as [epochs x ranks] arrays."""
     per_rank = [r.table("epochs") for r in run.ranks]
     common = None
     for t in per_rank:
@@ -58,7 +96,17 @@ def epoch_table(run: Run) -> Dict[str, np.ndarray]:
             tok = tok + np.where(counted, tok_r, 0).sum(axis=1) / n
     else:
         tok = tok_r.sum(axis=1)
-    return {"epoch": epochs, "time": time, "tok": tok, "time_r": time_r, "tok_r": tok_r}
+    # The analysis's count: the tokens of all ranks, a pipeline replica's batch once (its largest
+    # stage's count).
+    if run.is_pipeline:
+        replica = np.array([r.dp_rank for r in run.ranks])
+        tokens = np.zeros(len(epochs))
+        for d in np.unique(replica):
+            tokens = tokens + tokens_r[:, replica == d].max(axis=1)
+    else:
+        tokens = tokens_r.sum(axis=1)
+    return {"epoch": epochs, "time": time, "tok": tok, "tokens": tokens, "time_r": time_r,
+            "tok_r": tok_r}
 
 
 def stats(values: np.ndarray) -> Dict[str, float]:
@@ -68,17 +116,26 @@ def stats(values: np.ndarray) -> Dict[str, float]:
     return {"mean": float(np.mean(values)), "std": float(np.std(values))}
 
 
-def run_performance(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
-    """HW5's {time_mean, time_std, tok_mean, tok_std} of one run, plus what they came from."""
-    t = epoch_table(run)
+def _kept_epochs(run: Run, t: Dict[str, np.ndarray], warmup: Optional[int], quiet: bool = False):
+    """The epochs after warm-up (all of them, with a warning unless `quiet`, when all are warm-up)
+    and how many warm-up epochs were dropped."""
     drop = warmup_of(run, warmup)
     keep = t["epoch"] >= (t["epoch"].min() + drop if t["epoch"].size else 0)
     dropped = drop
     if t["epoch"].size and not keep.any():
-        warn(f"{run.path}: all {t['epoch'].size} epoch(s) are warm-up (warmup_epochs {drop}); "
-             "using them all: run more epochs or pass --warmup-epochs 0")
+        if not quiet:
+            warn(f"{run.path}: all {t['epoch'].size} epoch(s) are warm-up (warmup_epochs {drop}); "
+                 "using them all: run more epochs or pass --warmup-epochs 0")
         keep[:] = True
         dropped = 0
+    return keep, dropped
+
+
+def run_performance(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
+    """HW5's {time_mean, time_std, tok_mean, tok_std} of one run, plus what they came from and
+    what they are (tokens_per_sec_definition, time_definition)."""
+    t = epoch_table(run)
+    keep, dropped = _kept_epochs(run, t, warmup)
     if t["epoch"].size == 0:
         warn(f"{run.path}: no epoch finished on every rank; its metrics are NaN")
     ts, ks = stats(t["time"][keep]), stats(t["tok"][keep])
@@ -86,7 +143,23 @@ def run_performance(run: Run, warmup: Optional[int] = None) -> Dict[str, object]
         "time_mean": ts["mean"], "time_std": ts["std"], "tok_mean": ks["mean"], "tok_std": ks["std"],
         "epochs_used": t["epoch"][keep].tolist(), "warmup_epochs_dropped": dropped,
         "time_per_epoch": t["time"].tolist(), "tok_per_epoch": t["tok"].tolist(),
+        "tokens_per_sec_definition": hw5_tok_definition(run), "time_definition": HW5_TIME_DEFINITION,
     }
+
+
+def throughput(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
+    """The analysis's tokens/s of one run (TOK_S_DEFINITION): tok_s_mean, tok_s_std over the
+    epochs after warm-up, and per epoch (every epoch, warm-up included) tok_s, tokens and
+    time; epochs_used are the /epochs numbers (from 0) of those averaged."""
+    t = epoch_table(run)
+    keep, dropped = _kept_epochs(run, t, warmup, quiet=True)  # run_performance warns
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_epoch = np.where(t["time"] > 0, t["tokens"] / t["time"], np.nan)
+    ks = stats(per_epoch[keep])
+    return {"tok_s_mean": ks["mean"], "tok_s_std": ks["std"], "epochs_used": t["epoch"][keep].tolist(),
+            "warmup_epochs_dropped": dropped, "tok_s_per_epoch": per_epoch.tolist(),
+            "tokens_per_epoch": t["tokens"].tolist(), "time_per_epoch": t["time"].tolist(),
+            "label": f"{TOK_S_LABEL}, {TOK_S_AGGREGATE}", "tok_s_definition": TOK_S_DEFINITION}
 
 
 def hw5_stats(perf: Dict[str, object]) -> Dict[str, float]:

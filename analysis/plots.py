@@ -26,6 +26,8 @@ PHASE_COLORS = {"data": "#9e9e9e", "forward": "#4c72b0", "backward": "#dd8452",
                 "sync_exposed": "#c44e52", "optimizer": "#55a868", "other": "#d9d9d9"}
 PHASE_LABELS = {"data": "data", "forward": "forward", "backward": "backward",
                 "sync_exposed": "exposed sync", "optimizer": "optimizer", "other": "other"}
+# The analysis's tokens/s on an axis (metrics.TOK_S_DEFINITION).
+TOK_S_AXIS = f"{metrics.TOK_S_LABEL}\n{metrics.TOK_S_AGGREGATE}"
 
 
 def _save(fig, path: Path) -> Path:
@@ -78,18 +80,20 @@ def _device_word(run: Optional[Run]) -> str:
     return "GPU" if dev.startswith("cuda") else "CPU rank"
 
 
-def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False, shared=None):
-    """Bars of mean ± std, each labelled: "107.7k tok/s ± 42" (tokens) or "8.56 s ± 0.0090".
-    `shared`: the shared-GPU note, added under the title."""
+def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False, shared=None, ns=None):
+    """Bars of mean ± std, each labelled with both to the same decimal place (numbers.mean_pm):
+    "107.667k ± 0.042k tok/s" (tokens) or "8.5598 ± 0.0087 s"; a bar of one sample (its `ns`
+    entry 1) "336.6 tok/s (n=1)". `shared`: the shared-GPU note, added under the title."""
     fig, ax = plt.subplots(figsize=(5.5, 4.2 + (0.5 if shared else 0)))
     x = np.arange(len(labels))
     colors = ["#4c72b0", "#dd8452"]
     bars = ax.bar(x, means, yerr=stds, capsize=8, color=colors[: len(labels)], width=0.55,
                   error_kw={"elinewidth": 1.5})
-    for b, m, s in zip(bars, means, stds):
+    for b, m, s, n in zip(bars, means, stds, ns or [None] * len(means)):
         if np.isfinite(m):
-            text = (f"{fmt.tok_s(m)}\n± {fmt.count(s or 0)}" if tokens
-                    else f"{fmt.seconds(m)}\n± {fmt.sig(s or 0, 2)} s")
+            text = fmt.mean_pm(m, s, n, suffix=tokens)
+            unit = " tok/s" if tokens else " s"
+            text = text[:-6] + unit + " (n=1)" if text.endswith(" (n=1)") else text + unit
             ax.annotate(text, (b.get_x() + b.get_width() / 2, m + (s or 0)),
                         xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(x, labels)
@@ -101,12 +105,22 @@ def _bars(path, title, ylabel, labels, means, stds, note="", tokens=False, share
     return _save(fig, path)
 
 
-def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]]) -> List[Path]:
+HW5_TOK_DP_AXIS = "HW5 tokens/s: sum over ranks of\neach rank's padded tokens / its time"
+HW5_TOK_PP_AXIS = "HW5 tokens/s: mean over stages of\neach stage's padded tokens / its time"
+HW5_TIME_AXIS = "HW5 training time per epoch (s):\nmean over ranks"
+
+
+def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]],
+              samples: Optional[Dict[str, int]] = None) -> List[Path]:
     """HW5's ddp_training_time.png, ddp_tokens_per_second.png, pp_training_time.png,
-    pp_tokens_per_second.png (mean ± population std over the epochs after warm-up). A section
+    pp_tokens_per_second.png (mean ± population std over the epochs after warm-up), HW5's metrics
+    as HW5 defines them, their axes saying which (metrics.HW5_TOK_DP_DEFINITION, ...). A section
     whose ranks shared a GPU (its "note" in `summary`) says so under each of its titles, and the
-    data-parallel bar names ranks and GPUs: "(2 ranks on 1 GPU)"."""
+    data-parallel bar names ranks and GPUs: "(2 ranks on 1 GPU)". `samples`: the epochs averaged
+    per run ("single_gpu", "two_gpu", "model_parallel", "pipeline_parallel"), where known: a
+    run of one says n=1 instead of a spread."""
     out_dir = Path(out_dir)
+    samples = samples or {}
     made = []
     drop = summary["config"]["warmup_epochs_dropped"]
     dp, pp = summary.get("data_parallel"), summary.get("pipeline_parallel")
@@ -122,30 +136,31 @@ def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]]) -> List[Pa
         labels = [f"Single {dev}", second]
         a, b = dp["single_gpu"], dp["two_gpu"]
         made.append(_bars(out_dir / "ddp_training_time.png", "Data parallel: training time per epoch",
-                          "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
+                          HW5_TIME_AXIS, labels, [a["time_mean"], b["time_mean"]],
                           [a["time_std"], b["time_std"]],
                           f"{fmt.ratio(dp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}",
-                          shared=shared))
-        made.append(_bars(out_dir / "ddp_tokens_per_second.png", "Data parallel: throughput",
-                          "tokens per second (all ranks)", labels, [a["tok_mean"], b["tok_mean"]],
+                          shared=shared, ns=[samples.get("single_gpu"), samples.get("two_gpu")]))
+        made.append(_bars(out_dir / "ddp_tokens_per_second.png", "Data parallel: HW5 throughput",
+                          HW5_TOK_DP_AXIS, labels, [a["tok_mean"], b["tok_mean"]],
                           [a["tok_std"], b["tok_std"]],
                           f"{fmt.ratio(dp['speedup_throughput_x'], 2)} throughput, warm-up epochs dropped: {drop}",
-                          tokens=True, shared=shared))
+                          tokens=True, shared=shared, ns=[samples.get("single_gpu"), samples.get("two_gpu")]))
     if pp:
         m = summary["config"].get("pipeline_n_chunk")
         labels = ["Model Parallel", f"Pipeline Parallel\n(M = {m})"]
         shared = pp.get("note")
         a, b = pp["model_parallel"], pp["pipeline_parallel"]
         made.append(_bars(out_dir / "pp_training_time.png", "Pipeline parallel: training time per epoch",
-                          "training time per epoch (s)", labels, [a["time_mean"], b["time_mean"]],
+                          HW5_TIME_AXIS, labels, [a["time_mean"], b["time_mean"]],
                           [a["time_std"], b["time_std"]],
                           f"{fmt.ratio(pp['speedup_time_reduction_x'], 2)} faster, warm-up epochs dropped: {drop}",
-                          shared=shared))
-        made.append(_bars(out_dir / "pp_tokens_per_second.png", "Pipeline parallel: throughput",
-                          "tokens per second", labels, [a["tok_mean"], b["tok_mean"]],
+                          shared=shared, ns=[samples.get("model_parallel"), samples.get("pipeline_parallel")]))
+        made.append(_bars(out_dir / "pp_tokens_per_second.png", "Pipeline parallel: HW5 throughput",
+                          HW5_TOK_PP_AXIS, labels, [a["tok_mean"], b["tok_mean"]],
                           [a["tok_std"], b["tok_std"]],
                           f"{fmt.ratio(pp['speedup_throughput_x'], 2)} throughput, warm-up epochs dropped: {drop}",
-                          tokens=True, shared=shared))
+                          tokens=True, shared=shared,
+                          ns=[samples.get("model_parallel"), samples.get("pipeline_parallel")]))
     return made
 
 
@@ -197,8 +212,9 @@ def loss_plot(runs: Sequence[Run], path) -> Path:
 
 
 def world_size_plot(points: List[Dict], path, note: Optional[str] = None) -> Path:
-    """Throughput vs world size, with the linear-scaling line from the smallest world. `note` (the
-    runs' shared-GPU note; default: the points') goes under the title."""
+    """Throughput (the points' tok_s_mean ± tok_s_std: the analysis's tokens/s, TOK_S_AXIS) vs
+    world size, with the linear-scaling line from the smallest world. `note` (the runs' shared-GPU
+    note; default: the points') goes under the title."""
     note = note or points_note(points)
     fig, ax = plt.subplots(figsize=(6, 4.2 + (0.5 if note else 0)))
     by_prog: Dict[str, List[Dict]] = {}
@@ -207,17 +223,17 @@ def world_size_plot(points: List[Dict], path, note: Optional[str] = None) -> Pat
     for i, (prog, pts) in enumerate(sorted(by_prog.items())):
         pts = sorted(pts, key=lambda p: p["world_size"])
         w = np.array([p["world_size"] for p in pts])
-        t = np.array([p["tok_mean"] for p in pts])
-        ax.errorbar(w, t, yerr=[p["tok_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
+        t = np.array([p["tok_s_mean"] for p in pts])
+        ax.errorbar(w, t, yerr=[p["tok_s_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
                     label=f"{prog} measured")
         if prog != "pp_train":
             ax.plot(w, t[0] * w / w[0], ":", color=f"C{i}", label=f"{prog} linear scaling")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("tokens per second (all ranks)")
+    ax.set_ylabel(TOK_S_AXIS)
     tokens_axis(ax.yaxis)
     ax.set_xticks(sorted({p["world_size"] for p in points}))
-    ax.set_title(titled("Throughput vs world size (mean ± std over epochs)", note, 6), fontsize=11)
+    ax.set_title(titled("Throughput vs world size", note, 6), fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     return _save(fig, path)
@@ -225,7 +241,8 @@ def world_size_plot(points: List[Dict], path, note: Optional[str] = None) -> Pat
 
 def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = None,
                     note: Optional[str] = None) -> Path:
-    """Pipeline throughput vs micro-batches M per schedule, with the ideal M/(M+n-1) curve scaled
+    """Pipeline throughput (the points' tok_s_mean ± tok_s_std: the analysis's tokens/s,
+    TOK_S_AXIS) vs micro-batches M per schedule, with the ideal M/(M+n-1) curve scaled
     so that its asymptote is the no-bubble throughput (stages x model-parallel throughput when a
     model_parallel run is given, else fitted to the best measured point). `predicted`
     (metrics.plan_points) adds pp_plan's prediction per schedule as dashed lines, scaled so that its
@@ -241,25 +258,25 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
     for i, sched in enumerate(scheds):
         pts = sorted([p for p in pipe if p["schedule"] == sched], key=lambda p: p["microbatches"])
         if pts:
-            ax.errorbar([p["microbatches"] for p in pts], [p["tok_mean"] for p in pts],
-                        yerr=[p["tok_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
+            ax.errorbar([p["microbatches"] for p in pts], [p["tok_s_mean"] for p in pts],
+                        yerr=[p["tok_s_std"] for p in pts], fmt="o-", capsize=5, color=f"C{i}",
                         label=f"{sched} measured")
         pred = [p for p in predicted or [] if p["schedule"] == sched]
         if pred:
             # Relative to the model-parallel prediction, on the measured model-parallel scale: the
             # plan leaves out per-step costs every mode pays (optimizer, data, evaluation).
-            scale = mp[0]["tok_mean"] / pred[0]["model_parallel_tok_s"] if mp else 1.0
+            scale = mp[0]["tok_s_mean"] / pred[0]["model_parallel_tok_s"] if mp else 1.0
             # Alternate dash styles so that coinciding predictions (equal stages) both stay visible.
             ax.plot([p["microbatches"] for p in pred], [p["tok_s"] * scale for p in pred],
                     marker="x", ls=("--", "-.")[i % 2], lw=1.5 + (i % 2 == 0), color=f"C{i}", alpha=0.8, label=f"{sched} predicted (pp_plan{', scaled' if mp else ''})")
     ms = sorted({p["microbatches"] for p in points} | {p["microbatches"] for p in predicted or []} | {1})
     grid = np.linspace(1, max(ms), 200)
     if mp:
-        peak = n * mp[0]["tok_mean"]
-        ax.axhline(mp[0]["tok_mean"], color="gray", ls="--", lw=1, label="model parallel (M = 1)")
+        peak = n * mp[0]["tok_s_mean"]
+        ax.axhline(mp[0]["tok_s_mean"], color="gray", ls="--", lw=1, label="model parallel (M = 1)")
         how = "n × model-parallel"
     else:
-        peak = max(p["tok_mean"] / (p["microbatches"] / (p["microbatches"] + n - 1)) for p in pipe)
+        peak = max(p["tok_s_mean"] / (p["microbatches"] / (p["microbatches"] + n - 1)) for p in pipe)
         how = "fitted"
     ax.plot(grid, peak * grid / (grid + n - 1), "k:", label=f"ideal M/(M+n-1), n={n} ({how} peak)")
     # Interleaved schedules ("interleaved xV"): V stages per rank shrink the bubble V-fold.
@@ -268,7 +285,7 @@ def microbatch_plot(points: List[Dict], path, predicted: Optional[List[Dict]] = 
                 label=f"ideal VM/(VM+n-1), V={v}")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("micro-batches per step M (n_chunk)")
-    ax.set_ylabel("tokens per second")
+    ax.set_ylabel(TOK_S_AXIS)
     tokens_axis(ax.yaxis)
     ax.set_xticks(ms)
     ax.set_title(titled("Pipeline throughput vs micro-batches", note, 6.5), fontsize=11)

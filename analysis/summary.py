@@ -1,10 +1,16 @@
 """JSON summaries: one per run (`summarize`) and HW5's performance_summary.json (`hw5`), with the
 grader's thresholds.
 
+A run's summary holds HW5's metrics ("performance": time_mean, time_std, tok_mean, tok_std, with
+"tokens_per_sec_definition" and "time_definition" saying what HW5's are) and the analysis's
+tokens/s ("throughput": tok_s_mean, tok_s_std, with "tok_s_definition"; metrics.TOK_S_DEFINITION).
+performance_summary.json keeps HW5's keys and values; each section adds
+"tokens_per_sec_definition", HW5's definition of its tok_mean and tok_std.
+
 When ranks of a run shared a GPU (reader.Run.shares_gpu) its summary adds "ranks_share_gpu": true
 and a "note" ("2 ranks shared one GPU: timings are functional, not speed figures"); so does
 performance_summary.json at the top and in each section (false in a section whose runs did not).
-Without shared GPUs neither key appears: the schema is HW5's exactly."""
+Without shared GPUs neither key appears."""
 
 from __future__ import annotations
 
@@ -63,6 +69,7 @@ def run_summary(run: Run, warmup: Optional[int] = None) -> Dict[str, object]:
                    **({"dp_rank": r.dp_rank, "pp_rank": r.pp_rank} if run.hybrid else {})}
                   for r in run.ranks],
         "performance": perf,
+        "throughput": metrics.throughput(run, warmup),
         "step_breakdown": metrics.step_breakdown(run, warmup),
         "losses": metrics.losses(run),
     }
@@ -80,7 +87,9 @@ def _section(baseline: Optional[Run], new: Optional[Run], names, warmup) -> Opti
         return None
     b = metrics.hw5_stats(metrics.run_performance(baseline, warmup))
     n = metrics.hw5_stats(metrics.run_performance(new, warmup))
-    return {names[0]: b, names[1]: n, **metrics.speedups(b, n)}
+    # HW5's keys, and what its tok_mean / tok_std are (added; HW5's keys are unchanged).
+    return {names[0]: b, names[1]: n, **metrics.speedups(b, n),
+            "tokens_per_sec_definition": metrics.hw5_tok_definition(new)}
 
 
 def hw5_summary(dp_single: Optional[Run], dp_multi: Optional[Run], pp_model: Optional[Run],

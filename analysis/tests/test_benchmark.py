@@ -179,7 +179,7 @@ def test_a_real_run_writes_the_table_and_readme(tmp_path):
     readme = (out / "README.md").read_text()
     for part in ("# CPU smoke:", "- Machine: CPU: ", "- Commit: 0123456789ab", "- Date: 20",
                  "`scripts/matrices/cpu-smoke.tsv`", "3 rows, 2 repetitions", "scripts/benchmark cpu-smoke",
-                 "| row | np | tok/s | step |", "| dp-np2 | 2 |"):
+                 "| row | np | tok/s (all ranks) | step |", "| dp-np2 | 2 |"):
         assert part in readme, part
     assert (out / "table.txt").read_text() in r.stdout
     assert (out / "matrix.tsv").read_text() == (ROOT / "scripts" / "matrices" / "cpu-smoke.tsv").read_text()

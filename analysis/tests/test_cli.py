@@ -16,6 +16,10 @@ def test_summarize_in_scripts_run_form_with_pp_dir_absent(fixtures, tmp_path, ca
     m = load_json(out / "dp2" / "metrics.json")
     assert m["program"] == "dp_train" and m["world_size"] == 2
     assert {"time_mean", "time_std", "tok_mean", "tok_std"} <= set(m["performance"])
+    assert m["performance"]["tokens_per_sec_definition"].startswith("HW5's tokens/s: the sum over ranks")
+    assert {"tok_s_mean", "tok_s_std", "tok_s_definition", "label"} <= set(m["throughput"])
+    assert m["throughput"]["tok_s_definition"].startswith("tokens/s: all ranks' padded tokens")
+    assert m["throughput"]["label"] == "tok/s (all ranks, padded), mean ± std of the epochs after warm-up"
     assert len(m["step_breakdown"]) == 2
     for f in ("dp2/step_breakdown.png", "dp2/loss.png", "loss_curves.png", "summary.json"):
         assert (out / f).stat().st_size > 1000
@@ -103,3 +107,23 @@ def test_interleaved_bubble_counts_ranks_and_stages(fixtures):
     assert (b["ranks"], b["stages"], b["stages_per_rank"], b["microbatches"]) == (2, 4, 2, 4)
     assert b["ideal"] == pytest.approx(1 / 9)
     assert 0.0 <= b["measured"] < 1.0
+
+
+def test_summarize_prints_the_definition_and_readable_spreads(fixtures, tmp_path, capsys):
+    assert main(["summarize", str(fixtures / "dp1"), str(fixtures / "dp2"), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(line.lstrip("# ") for line in out.splitlines() if line.startswith("#"))
+    assert "tokens/s: all ranks' padded tokens (batch x seq_len on every data-parallel rank; a pipeline's" in flat
+    head = next(line for line in out.splitlines() if line.startswith("# run"))
+    assert "tok/s (all ranks, padded)" in head and "time/epoch s" in head
+    m = load_json(tmp_path / "dp1" / "metrics.json")["throughput"]
+    row = next(line for line in out.splitlines() if line.startswith("  dp1 "))
+    assert f"{m['tok_s_mean']:.1f} ± {m['tok_s_std']:.1f}" in row and "2 +1 warm-up" in row, row
+    assert "e+" not in out and "±0" not in out
+
+
+def test_one_epoch_after_warmup_says_n_1(fixtures, tmp_path, capsys):
+    # 3 epochs, 2 of them warm-up: one sample, no spread to show.
+    assert main(["summarize", str(fixtures / "dp1"), "--out", str(tmp_path), "--warmup-epochs", "2"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  dp1 "))
+    assert "(n=1)" in row and "±" not in row, row

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from analysis import summary
+from analysis import metrics, summary
 from analysis.__main__ import main
 from analysis.reader import read_run
 from conftest import load_json
@@ -26,8 +26,14 @@ def test_summary_schema_and_values(fixtures, tmp_path):
     assert s["config"] == {"epochs": 3, "warmup_epochs_dropped": 1, "pipeline_batch_size": 16,
                            "pipeline_n_chunk": 4}
     dp, pp = s["data_parallel"], s["pipeline_parallel"]
-    assert set(dp) == {"single_gpu", "two_gpu", "speedup_time_reduction_x", "speedup_throughput_x"}
-    assert set(pp) == {"model_parallel", "pipeline_parallel", "speedup_time_reduction_x", "speedup_throughput_x"}
+    # HW5's keys, and one added beside them: what HW5's tok_mean / tok_std are.
+    assert set(dp) == {"single_gpu", "two_gpu", "speedup_time_reduction_x", "speedup_throughput_x",
+                       "tokens_per_sec_definition"}
+    assert set(pp) == {"model_parallel", "pipeline_parallel", "speedup_time_reduction_x", "speedup_throughput_x",
+                       "tokens_per_sec_definition"}
+    assert dp["tokens_per_sec_definition"] == metrics.HW5_TOK_DP_DEFINITION
+    assert pp["tokens_per_sec_definition"] == metrics.HW5_TOK_PP_DEFINITION
+    assert dp["tokens_per_sec_definition"].startswith("HW5's tokens/s: the sum over ranks")
     for sec in (dp["single_gpu"], dp["two_gpu"], pp["model_parallel"], pp["pipeline_parallel"]):
         assert set(sec) == STATS and all(math.isfinite(v) for v in sec.values())
     assert dp["speedup_time_reduction_x"] == pytest.approx(dp["single_gpu"]["time_mean"] / dp["two_gpu"]["time_mean"])
@@ -76,3 +82,17 @@ def test_grader_with_hw5_defaults_flags_each_check_below(fixtures):
 def test_hw5_without_runs_is_an_error(tmp_path, capsys):
     assert main(["hw5", "--out", str(tmp_path)]) == 1
     assert "pass at least --dp-single and --dp-multi" in capsys.readouterr().err
+
+
+def test_printed_table_says_the_numbers_are_hw5s_and_never_uses_scientific_notation(fixtures, tmp_path, capsys):
+    assert main(hw5_args(fixtures, tmp_path)) == 0
+    out = capsys.readouterr().out
+    s = load_json(tmp_path / "performance_summary.json")
+    assert "# section" in out and "HW5 time/epoch s" in out and "HW5 tok/s" in out
+    assert "HW5's tokens/s: the sum over ranks of each rank's padded tokens" in out.replace("\n#   ", " ")
+    one = s["data_parallel"]["single_gpu"]
+    row = next(line for line in out.splitlines() if "single_gpu" in line)
+    # value and spread to the same decimal place, from the spread's two significant digits
+    assert f"{one['tok_mean']:.1f} ± {one['tok_std']:.1f}" in row, row
+    assert f"{one['time_mean']:.3f} ± {one['time_std']:.3f}" in row, row
+    assert "e+" not in out and "±0" not in out

@@ -99,11 +99,11 @@ def test_table_and_readme_are_written_for_readers(bench):
                               "--matrix", "scripts/matrices/cpu-smoke.tsv"]) == 0
     text = (bench / "table.txt").read_text()
     head = text.splitlines()[0].split()
-    assert head[:3] == ["row", "np", "tok/s"] and "MFU" not in head  # no column without a value
+    assert head[:5] == ["row", "np", "tok/s", "(all", "ranks)"] and "MFU" not in head  # no column without a value
     assert "e+0" not in text and " ms" in text and "×" in text
     readme = (bench / "README.md").read_text()
     for part in ("# A title", "Machine: CPU: test, 2 cores, Linux", "Commit: abc123", "Date: 2026-12-02T00:00:00Z",
-                 "scripts/benchmark cpu-smoke", "`scripts/matrices/cpu-smoke.tsv`", "| row | np | tok/s |",
+                 "scripts/benchmark cpu-smoke", "`scripts/matrices/cpu-smoke.tsv`", "| row | np | tok/s (all ranks) |",
                  "2 repetitions", "CONFIGS=8x16xfp32 python3 compile_anchor.py"):
         assert part in readme, part
 
@@ -228,3 +228,15 @@ def test_mean_pm_never_writes_scientific_notation_or_a_bare_zero_spread():
     assert numbers.pm_parts(261.53, 3.14) == ("261.5", "3.1")
     assert numbers.pm_parts(261.53, 3.14, n=1) == ("261.5", None)
 
+
+def test_tok_s_column_says_what_it_counts(bench):
+    assert matrix_table.main([str(bench), "--warmup", str(WARMUP)]) == 0
+    text = (bench / "table.txt").read_text()
+    assert text.splitlines()[0].split()[:5] == ["row", "np", "tok/s", "(all", "ranks)"]
+    note = " ".join(text.split("\n\n", 1)[1].split())
+    assert note.startswith("tok/s (all ranks): all ranks' padded tokens (batch x seq_len on every "
+                           "data-parallel rank; a pipeline's batch counted once per replica, not once "
+                           "per stage) per second of the step's time (the slowest rank's); the median "
+                           f"over every repetition's steps after the first {WARMUP}."), note
+    assert load_json(bench / "table.json")["tok_s_definition"] == matrix_table.tok_s_note(WARMUP)
+    assert matrix_table.tok_s_note(WARMUP) in (bench / "README.md").read_text()

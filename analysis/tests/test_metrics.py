@@ -91,3 +91,44 @@ def test_bubble_of_a_pipeline_run(fixtures):
     assert b["ideal"] == pytest.approx(1 / 5)
     assert 0.0 <= b["measured"] < 1.0
     assert metrics.bubble(read_run(fixtures / "dp2")) is None
+
+
+def hand_tok_s(run_dir, warmup, pipeline):
+    """The analysis's tokens/s by hand: per epoch all ranks' padded tokens (a pipeline's batch
+    once: its stages' largest count) over the mean of the ranks' train_time; mean, std after
+    warm-up."""
+    tokens, times = [], []
+    for p in sorted(run_dir.glob("rank*.h5")):
+        with h5py.File(p, "r") as f:
+            tokens.append(np.asarray(f["epochs/padded_tokens"][...], dtype=float))
+            times.append(np.asarray(f["epochs/train_time"][...], dtype=float))
+    n = min(len(t) for t in tokens)
+    tok = np.array([t[:n] for t in tokens])
+    per_epoch = (tok.max(axis=0) if pipeline else tok.sum(axis=0)) / np.array([t[:n] for t in times]).mean(axis=0)
+    return per_epoch, float(np.mean(per_epoch[warmup:])), float(np.std(per_epoch[warmup:]))
+
+
+@pytest.mark.parametrize("name, pipeline", [("dp1", False), ("dp2", False), ("pp_1f1b_m4", True),
+                                            ("pp_mp", True)])
+def test_tokens_per_second_is_all_ranks_padded_tokens_over_the_epoch_time(fixtures, name, pipeline):
+    run = read_run(fixtures / name)
+    t = metrics.throughput(run, 1)
+    per_epoch, mean, std = hand_tok_s(fixtures / name, 1, pipeline)
+    np.testing.assert_allclose(t["tok_s_per_epoch"], per_epoch, rtol=1e-12)
+    assert t["tok_s_mean"] == pytest.approx(mean, rel=1e-12)
+    assert t["tok_s_std"] == pytest.approx(std, rel=1e-12, abs=1e-12)
+    assert t["epochs_used"] == metrics.run_performance(run, 1)["epochs_used"]
+    assert t["tok_s_definition"] == metrics.TOK_S_DEFINITION
+    # A pipeline's batch is counted once, not once per stage: 2 stages of 512 tokens are 512.
+    if pipeline:
+        assert t["tokens_per_epoch"] == [512.0] * 3
+    # HW5's figure sums per-rank rates (or averages stages): close to ours, not the same formula.
+    assert t["tok_s_mean"] == pytest.approx(metrics.run_performance(run, 1)["tok_mean"], rel=0.01)
+
+
+def test_the_definitions_say_what_is_counted():
+    assert metrics.TOK_S_DEFINITION.startswith(
+        "tokens/s: all ranks' padded tokens (batch x seq_len on every data-parallel rank; a pipeline's "
+        "batch counted once per replica, not once per stage) per second of training time")
+    assert "warm-up" in metrics.TOK_S_DEFINITION
+    assert metrics.HW5_TOK_DP_DEFINITION.startswith("HW5's") and metrics.HW5_TOK_PP_DEFINITION.startswith("HW5's")

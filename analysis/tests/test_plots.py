@@ -24,7 +24,7 @@ def test_gantt_of_a_chosen_step(fixtures, tmp_path):
 
 def test_microbatch_plot_without_model_parallel_baseline(tmp_path):
     pts = [{"mode": "pipeline", "schedule": "1f1b", "microbatches": m, "world_size": 2,
-            "tok_mean": 100.0 * m / (m + 1), "tok_std": 1.0} for m in (2, 4, 8)]
+            "tok_s_mean": 100.0 * m / (m + 1), "tok_s_std": 1.0} for m in (2, 4, 8)]
     p = plots.microbatch_plot(pts, tmp_path / "m.png")
     assert p.stat().st_size > 10_000
 

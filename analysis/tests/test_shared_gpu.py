@@ -20,6 +20,7 @@ HW5_KEYS = {"config", "data_parallel", "pipeline_parallel"}
 DP_KEYS = {"single_gpu", "two_gpu", "speedup_time_reduction_x", "speedup_throughput_x"}
 PP_KEYS = {"model_parallel", "pipeline_parallel", "speedup_time_reduction_x", "speedup_throughput_x"}
 SHARED_KEYS = {"ranks_share_gpu", "note"}
+DEFINITION = {"tokens_per_sec_definition"}  # added beside HW5's keys: what its tok_mean is
 HW5_RUNS = {"dp_single": "dp1", "dp_multi": "dp2", "pp_model": "pp_mp", "pp_pipeline": "pp_1f1b_m4"}
 
 
@@ -162,7 +163,7 @@ def test_summary_says_ranks_shared_a_gpu_with_hw5_keys_unchanged(fixtures, tmp_p
     assert set(s) == HW5_KEYS | SHARED_KEYS
     assert s["ranks_share_gpu"] is True and s["note"] == NOTE
     dp, pp = s["data_parallel"], s["pipeline_parallel"]
-    assert set(dp) == DP_KEYS | SHARED_KEYS and set(pp) == PP_KEYS | SHARED_KEYS
+    assert set(dp) == DP_KEYS | DEFINITION | SHARED_KEYS and set(pp) == PP_KEYS | DEFINITION | SHARED_KEYS
     assert dp["ranks_share_gpu"] is True and dp["note"] == NOTE
     assert pp["ranks_share_gpu"] is True and pp["note"] == NOTE
     # HW5's numbers are those of the same files on CPU ranks: only the labels differ.
@@ -171,7 +172,7 @@ def test_summary_says_ranks_shared_a_gpu_with_hw5_keys_unchanged(fixtures, tmp_p
     p = load_json(plain / "performance_summary.json")
     assert s["config"] == p["config"]
     for sec, keys in (("data_parallel", DP_KEYS), ("pipeline_parallel", PP_KEYS)):
-        assert {k: s[sec][k] for k in keys} == p[sec]
+        assert {k: s[sec][k] for k in keys | DEFINITION} == p[sec]
     details = load_json(out / "hw5_details.json")
     assert details["dp_multi"]["ranks_share_gpu"] is True and details["dp_multi"]["note"] == NOTE
     assert "ranks_share_gpu" not in details["dp_single"]  # one rank alone on its GPU
@@ -197,7 +198,7 @@ def test_ranks_on_their_own_gpus_keep_hw5s_schema(fixtures, tmp_path):
     assert main(hw5_cli(dirs, out)) == 0
     s = load_json(out / "performance_summary.json")
     assert set(s) == HW5_KEYS
-    assert set(s["data_parallel"]) == DP_KEYS and set(s["pipeline_parallel"]) == PP_KEYS
+    assert set(s["data_parallel"]) == DP_KEYS | DEFINITION and set(s["pipeline_parallel"]) == PP_KEYS | DEFINITION
 
 
 def test_cpu_ranks_on_one_host_are_not_sharing_a_gpu(fixtures, tmp_path, capsys):
@@ -281,7 +282,7 @@ def test_timeline_title_says_so(tmp_path):
 
 
 def test_sweep_plots_take_the_note_from_their_points(tmp_path, saved_titles):
-    pts = [{"program": "dp_train", "world_size": w, "tok_mean": 1000.0 * w, "tok_std": 1.0,
+    pts = [{"program": "dp_train", "world_size": w, "tok_s_mean": 1000.0 * w, "tok_s_std": 1.0,
             **({"ranks_share_gpu": True, "note": NOTE} if w == 2 else {})} for w in (1, 2)]
     plots.world_size_plot(pts, tmp_path / "w.png")
     assert says_note(saved_titles[str(tmp_path / "w.png")])
