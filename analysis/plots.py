@@ -164,12 +164,39 @@ def hw5_plots(summary: Dict, out_dir, runs: Dict[str, Optional[Run]],
     return made
 
 
+# What the step breakdown's phases hold, under the plot (the trainers' step code: dp_trainer.cpp,
+# pipeline_step.cpp; the columns: include/gpt2p/io/run_record.h).
+HEAD_NOTE = ("forward includes the LM head's backward: its hidden-state and weight gradients are "
+             "computed in the forward pass (include/gpt2p/model/lm_head_loss.h), so backward is "
+             "the transformer blocks' backward alone")
+DP_SYNC_NOTE = ("exposed sync: the wait for the gradient all-reduce after backward; optimizer: "
+                "gradient clipping and the loss-scale check (where on) and the AdamW step")
+PP_SYNC_NOTE = ("exposed sync: waits for activations and gradients from the neighbouring stages, "
+                "then the tied embedding/LM-head gradient summed between the first and the last "
+                "stage{replicas}; optimizer: gradient clipping and the loss-scale agreement (where "
+                "on) and the AdamW step")
+
+
+def step_notes(run: Run) -> List[str]:
+    """The step breakdown's caption, one entry per sentence: what forward, exposed sync and
+    optimizer hold for this run's trainer."""
+    if run.is_pipeline:
+        notes = ["the last stage's " + HEAD_NOTE,
+                 PP_SYNC_NOTE.format(replicas=", and each stage's gradients over the replicas"
+                                     if run.dp > 1 else "")]
+    else:
+        notes = [HEAD_NOTE, DP_SYNC_NOTE]
+    return [n[0].upper() + n[1:] for n in notes]
+
+
 def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
-    """Stacked bars per rank: mean seconds per step in each phase."""
+    """Stacked bars per rank: mean seconds per step in each phase, with a caption (step_notes)
+    that says what the phases hold: the LM head's backward is timed as forward."""
     rows = metrics.step_breakdown(run, warmup)
     note = shared_gpu_note([run])
     width = max(4.5, 1.2 * len(rows) + 3)
-    fig, ax = plt.subplots(figsize=(width, 4.2 + (0.5 if note else 0)))
+    caption = "\n".join(textwrap.fill(t + ".", int(width * 72 / (0.6 * 8))) for t in step_notes(run))
+    fig, ax = plt.subplots(figsize=(width, 4.2 + (0.5 if note else 0) + 0.14 * (caption.count("\n") + 1)))
     x = np.arange(len(rows))
     bottom = np.zeros(len(rows))
     scale, unit = (1e3, "ms") if max(r["total"] for r in rows) < 1 else (1.0, "s")
@@ -185,6 +212,10 @@ def step_breakdown_plot(run: Run, path, warmup: Optional[int] = None) -> Path:
                         "warm-up)", note, width - 1.5), fontsize=11)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
     ax.grid(axis="y", alpha=0.3)
+    # The caption, under the rank labels (an axes text: tight_layout keeps room for it).
+    ax.annotate(caption, xy=(0, 0), xycoords="axes fraction", xytext=(0, -42 if "replica" in rows[0] else -30),
+                textcoords="offset points", ha="left", va="top", fontsize=8, color="#333333",
+                gid="step-notes")
     return _save(fig, path)
 
 

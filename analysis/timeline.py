@@ -6,6 +6,12 @@ ui.perfetto.dev). A run of D data-parallel replicas (pp_train --dp D) shows ever
 per world rank, replica 0's P rows first, each replica's rows set apart from the next and labelled
 "replica d, rank p"; in the trace each world rank is a process named "replica d rank p".
 
+The time between a rank's last schedule action and its optimizer is not a bubble: pp_train sums
+the gradients there (pipeline_step.cpp: the wait for the rank's last sends, the tied
+embedding/LM-head gradient summed between the first and the last stage, with --dp the stages'
+gradients over the replicas; /steps sync_exposed counts it). The chart draws it as a dotted box
+labelled "grad sync", the trace as a "grad sync" event (derived from the actions' times).
+
 Times are each rank's own clock (seconds since that rank started the run), moved onto the last
 stage's clock by metrics.clock_offset (the loss broadcast that ends every step is the common
 point), so stages line up even when ranks started apart or run on different nodes.
@@ -15,6 +21,7 @@ otherData say so: their timings are functional, not speed figures."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -22,7 +29,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
 from analysis import metrics  # noqa: E402
@@ -64,6 +71,35 @@ def pick_step(run: Run, step: Optional[int] = None) -> int:
 
 
 REPLICA_GAP = 0.6  # extra space between two replicas' rows (in rows)
+OPTIMIZER = 6
+SYNC_COLOR = "#c44e52"
+SYNC_SHORT = "grad sync"
+MIN_SYNC_FRACTION = 0.002  # of the step's span: narrower gaps are not drawn
+
+
+def sync_label(dp: int) -> str:
+    """What the gap before a rank's optimizer holds (pipeline_step.cpp)."""
+    return ("grad sync before the optimizer: the last sends, the tied embedding/LM-head gradient "
+            "summed between the first and last stage" + (", each stage's gradients over the replicas"
+                                                        if dp > 1 else "")
+            + "; in /steps sync_exposed")
+
+
+def sync_gaps(a: Dict[str, np.ndarray], sel: np.ndarray) -> List[Dict[str, float]]:
+    """Per rank with an optimizer action among `sel`: the gap from its last other action's end to
+    its optimizer's start (start, end, rank, replica, pp_rank, step), where positive."""
+    out = []
+    for rank in np.unique(a["rank"][sel]):
+        mine = sel & (a["rank"] == rank)
+        opt, other = mine & (a["op"] == OPTIMIZER), mine & (a["op"] != OPTIMIZER)
+        if not opt.any() or not other.any():
+            continue
+        start, end = float(a["end"][other].max()), float(a["start"][opt].min())
+        if end > start:
+            i = int(np.flatnonzero(opt)[0])
+            out.append({"start": start, "end": end, "rank": int(rank), "replica": int(a["replica"][i]),
+                        "pp_rank": int(a["pp_rank"][i]), "step": int(a["step"][i])})
+    return out
 
 
 def row_names(run: Run, v: int) -> List[str]:
@@ -111,6 +147,20 @@ def gantt_figure(run: Run, step: Optional[int] = None):
         if op in (0, 1, 7) and w > span_ms * (0.012 if v == 1 else 0.02):
             ax.text(x0 + w / 2, yb + h / 2, str(mb) if v == 1 else f"{mb}/{stage}", ha="center",
                     va="center", color="white", fontsize=8, fontweight="bold")
+    # The gradient sync before each rank's optimizer (not a bubble): a dotted box (a patch, not one
+    # of the actions' collections), labelled on the top-most row that has one, where the space
+    # above is free.
+    gaps = [g for g in sync_gaps(a, sel) if g["end"] - g["start"] > MIN_SYNC_FRACTION * span_ms / 1e3]
+    for g in gaps:
+        y = row_y(g["replica"], g["pp_rank"])
+        ax.add_patch(Rectangle(((g["start"] - t0) * 1e3, y - 0.17), (g["end"] - g["start"]) * 1e3, 0.5,
+                               facecolor="none", edgecolor=SYNC_COLOR, linewidth=0.8, hatch="....",
+                               gid="grad-sync"))
+    if gaps:
+        g = max(gaps, key=lambda g: row_y(g["replica"], g["pp_rank"]))
+        ax.annotate(SYNC_SHORT, xy=((g["start"] - t0) * 1e3, row_y(g["replica"], g["pp_rank"]) + 0.33),
+                    xytext=(-3, 3), textcoords="offset points", ha="right", va="bottom", fontsize=7,
+                    color=SYNC_COLOR, gid="grad-sync-label")
     names = row_names(run, v)
     if d == 1:
         ax.set_yticks(range(n), [names[n - 1 - k] for k in range(n)])
@@ -128,12 +178,21 @@ def gantt_figure(run: Run, step: Optional[int] = None):
     boxes = "micro-batch number" if v == 1 else "micro-batch/stage, later stages hatched"
     where = (f"\n{d} replicas x {n} pipeline ranks, replica 0 on top" if d > 1 else "")
     ax.set_title(titled(f"Pipeline timeline: {run.label()}{bub}\nboxes: {boxes}; "
-                        f"thin boxes below: communication; gaps: bubbles{where}",
+                        f"thin boxes below: communication; gaps: bubbles"
+                        f"{'; dotted: grad sync' if gaps else ''}{where}",
                         shared_gpu_note([run]), 11, 10), fontsize=10)
     ops = sorted({int(o) for o in a["op"][sel]})
-    ax.legend(handles=[Patch(color=OP_COLORS[o], label=metrics.OP_NAMES[o]) for o in ops],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28 if rows < 3 else -0.18), ncol=len(ops),
+    handles = [Patch(color=OP_COLORS[o], label=metrics.OP_NAMES[o]) for o in ops]
+    below = -0.28 if rows < 3 else -0.18
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, below), ncol=len(ops),
               fontsize=8, frameon=False)
+    if gaps:
+        # Its own legend line under the operations' (a second legend: the first stays drawn).
+        ax.add_artist(ax.get_legend())
+        ax.legend(handles=[Patch(facecolor="none", edgecolor=SYNC_COLOR, hatch="....",
+                                 label=textwrap.fill(sync_label(d), 130))],
+                  loc="upper center", bbox_to_anchor=(0.5, below - (0.1 if rows < 3 else 0.06)),
+                  fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig, ax
@@ -190,6 +249,15 @@ def chrome_trace(run: Run) -> Dict[str, List[Dict]]:
             "pid": int(a["rank"][i]), "tid": 0 if op in (0, 1, 6, 7) else 1,
             "ts": float(a["start"][i] * 1e6), "dur": float(max(0.0, a["end"][i] - a["start"][i]) * 1e6),
             "args": args})
+    # The gradient sync before each rank's optimizer, derived from the actions' times.
+    gaps = [g for step in np.unique(a["step"]) for g in sync_gaps(a, a["step"] == step)]
+    for g in gaps:
+        args = {"step": g["step"], "derived": "from the rank's last schedule action to its optimizer",
+                "holds": sync_label(run.dp)}
+        if run.dp > 1:
+            args["replica"] = g["replica"]
+        events.append({"name": SYNC_SHORT, "cat": "gradient sync", "ph": "X", "pid": g["rank"], "tid": 0,
+                       "ts": g["start"] * 1e6, "dur": (g["end"] - g["start"]) * 1e6, "args": args})
     other = {"run": str(run.path), "label": run.label()}
     note = shared_gpu_note([run])
     if note:

@@ -56,3 +56,51 @@ def test_sweep_rejects_a_plan_for_another_batch(fixtures, tmp_path, capsys):
                  "--plan", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "the plan is for batch 64 x 16 on 2 stages but the runs are batch 16 x 16" in err
+
+
+def texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+@pytest.mark.parametrize("name", ["dp2", "pp_1f1b_m4"])
+def test_step_breakdown_says_forward_holds_the_lm_heads_backward(fixtures, tmp_path, monkeypatch, name):
+    seen = {}
+    save = plots._save
+
+    def keep(fig, path):
+        seen["texts"] = texts(fig)
+        return save(fig, path)
+    monkeypatch.setattr(plots, "_save", keep)
+    run = read_run(fixtures / name)
+    plots.step_breakdown_plot(run, tmp_path / "b.png")
+    caption = [" ".join(t.split()) for t in seen["texts"]]
+    assert len(caption) == 1
+    head = "The last stage's forward" if name.startswith("pp") else "Forward"
+    assert caption[0].startswith(head + " includes the LM head's backward: its hidden-state and weight "
+                                 "gradients are computed in the forward pass "
+                                 "(include/gpt2p/model/lm_head_loss.h)"), caption
+    sync = "tied embedding/LM-head gradient" if name.startswith("pp") else "gradient all-reduce"
+    assert sync in caption[0] and "Exposed sync:" in caption[0]
+
+
+def test_timeline_labels_the_gradient_sync_before_the_optimizer(fixtures):
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    run = read_run(fixtures / "pp_1f1b_m4")
+    fig, ax = timeline.gantt_figure(run)
+    # The fixture's ranks wait a few ms between their last action and the optimizer.
+    boxes = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_gid() == "grad-sync"]
+    assert len(boxes) == 2 and all(b.get_width() > 0 for b in boxes)
+    labels = [t for t in ax.texts if t.get_gid() == "grad-sync-label"]
+    assert [t.get_text() for t in labels] == ["grad sync"]
+    legend = [t.get_text() for lg in [ax.get_legend()] + [a for a in ax.artists] for t in lg.get_texts()]
+    assert any(" ".join(t.split()).startswith(
+        "grad sync before the optimizer: the last sends, the tied embedding/LM-head gradient summed "
+        "between the first and last stage; in /steps sync_exposed") for t in legend), legend
+    assert "dotted: grad sync" in ax.get_title()
+    plt.close(fig)
+    trace = timeline.chrome_trace(run)
+    sync = [e for e in trace["traceEvents"] if e.get("cat") == "gradient sync"]
+    steps = {int(s) for s in run.ranks[0].table("steps")["step"]}
+    assert len(sync) == 2 * len(steps) and all(e["dur"] > 0 and e["name"] == "grad sync" for e in sync)
