@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -198,12 +199,15 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
     // The checkpoint is committed all the same: a launcher then reports mpirun's own exit.
     std::fprintf(stderr, "%s: warning: %s\n", program, e.what());
   }
-  // The settings and --out of the run come back from <out>/config.ini (train/flags.h).
+  // The settings and --out of the run come back from <out>/config.ini (train/flags.h). The program
+  // by its path, which works whether or not it was installed where mpirun looks.
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   std::printf(
       "%s: stopped by signal %s after step %lld; checkpoint committed in %s; continue with: "
       "mpirun -np %d %s --resume %s\n",
       program, signal_name(signal), static_cast<long long>(step), checkpoint.c_str(), world,
-      program, checkpoint.c_str());
+      ec || exe.empty() ? program : exe.c_str(), checkpoint.c_str());
   std::fflush(stdout);
 }
 
