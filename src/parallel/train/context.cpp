@@ -78,7 +78,9 @@ void check_output(const parallel::TrainConfig& cfg, parallel::Program program, i
                           "run wrote (<out>/checkpoint)");
   }
   const fs::path inner = fs::path(cfg.output.resume) / "checkpoint";
-  if (!fs::exists(fs::path(cfg.output.resume) / "meta.json") && fs::is_directory(inner)) {
+  const fs::path given(cfg.output.resume);
+  if (!fs::exists(given / "meta.json") && !fs::exists(given / "manifest.json") &&
+      fs::is_directory(inner)) {
     throw cli::UsageError("--resume " + cfg.output.resume +
                           " is a run's folder, not its checkpoint -- fix: did you mean --resume " +
                           inner.string() + "?");

@@ -220,7 +220,10 @@ std::string run_config_of(const std::string& checkpoint) {
   if (dir.filename().empty()) dir = dir.parent_path();  // "runs/dp/checkpoint/"
   std::error_code ec;
   const fs::path file = dir.parent_path() / kRunConfigFile;
-  if (!fs::is_regular_file(dir / "meta.json", ec) || !fs::is_regular_file(file, ec)) return "";
+  // dp_train's checkpoint has a meta.json, a pipeline's a manifest.json over its stages.
+  const bool checkpoint_here =
+      fs::is_regular_file(dir / "meta.json", ec) || fs::is_regular_file(dir / "manifest.json", ec);
+  if (!checkpoint_here || !fs::is_regular_file(file, ec)) return "";
   return file.string();
 }
 
