@@ -6,7 +6,8 @@
 #      run), its --out (the rank files there grow), "resumed from ... after step N", to the end
 #      of the original --epochs;
 #   2. a resume into a folder that holds another run is refused (exit 2) and leaves it as it was;
-#   3. --resume given the run's folder instead of its checkpoint: "did you mean".
+#   3. --resume given the run's folder instead of its checkpoint: "did you mean";
+#   4. the finished run's last line names its folder and files, and its analysis command runs.
 #   tests/jobs/resume_command.sh BIN_DIR
 set -uo pipefail
 bin=$(cd "$1" && pwd)
@@ -63,6 +64,22 @@ PY
   ok "rank0.h5: the resumed run's rows follow the stopped run's (2 segments)"
 else
   bad "rank0.h5: no second segment"
+fi
+
+# 4. The last line of the finished run: where the results are, and a command that reads them.
+last=$(tail -1 "$tmp/a2.log")
+plot_cmd=$(sed -n 's/^dp_train: finished after step [0-9]*; results in .*; plots and metrics: python3 \(.*\) (from the source tree: scripts\/python)$/\1/p' <<<"$last")
+if [[ "$last" == "dp_train: finished after step "*"; results in $tmp/a: 2 timing files rank<r>.h5, config.ini"*"checkpoint/;"* ]] &&
+  [ -n "$plot_cmd" ]; then
+  read -r -a plot_words <<<"$plot_cmd"
+  if "$(gpt2p_python)" "${plot_words[@]}" >"$tmp/plots.log" 2>&1 &&
+    [ -s "$tmp/a/analysis/summary.json" ]; then
+    ok "finished line: names $tmp/a and its files; its command wrote $tmp/a/analysis/summary.json"
+  else
+    bad "the finished line's command failed: $plot_cmd"; tail -4 "$tmp/plots.log"
+  fi
+else
+  bad "the finished run's last line: $last"
 fi
 
 # 2. Another run's folder.

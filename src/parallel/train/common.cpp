@@ -211,6 +211,32 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
   std::fflush(stdout);
 }
 
+void report_finished(const char* program, int64_t step, const std::string& out, int rank) {
+  if (rank != 0) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int rank_files = 0;
+  for (const auto& entry : fs::directory_iterator(out, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank", 0) == 0 && name.size() > 7 &&
+        name.compare(name.size() - 3, 3, ".h5") == 0)
+      ++rank_files;
+  }
+  std::string held;
+  const auto add = [&](const std::string& what) { held += (held.empty() ? "" : ", ") + what; };
+  if (rank_files > 0)
+    add(std::to_string(rank_files) +
+        (rank_files == 1 ? " timing file rank0.h5" : " timing files rank<r>.h5"));
+  if (fs::exists(out + "/config.ini", ec)) add("config.ini (run it again with --config)");
+  if (fs::exists(out + "/checkpoint", ec)) add("checkpoint/");
+  std::printf(
+      "%s: finished after step %lld; results in %s%s%s; plots and metrics: python3 -m "
+      "analysis summarize %s --out %s/analysis (from the source tree: scripts/python)\n",
+      program, static_cast<long long>(step), out.c_str(), held.empty() ? "" : ": ", held.c_str(),
+      out.c_str(), out.c_str());
+  std::fflush(stdout);
+}
+
 void check_resume_position(const model::TrainState& state, const TrainConfig& cfg,
                            int64_t batches_per_epoch) {
   GPT2P_CHECK(state.epoch < cfg.optim.epochs ||
