@@ -4,8 +4,10 @@ GPT2P_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# Paths under the repo hash relatively, so build dirs and clones share ccache hits.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$GPT2P_ROOT}
+# Paths under the repo hash relatively, so build dirs and clones share ccache hits. The default
+# build type has -g, for which ccache also hashes the working directory unless told not to: a
+# clone elsewhere then missed every object (its debug info names the first clone's paths instead).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$GPT2P_ROOT} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export GPT2P_VOCAB_DIR=${GPT2P_VOCAB_DIR:-$GPT2P_ROOT/.cache/gpt2-vocab}
 
 # True when FILE is a dataset this prepare_data writes: it starts with the checksum block that
