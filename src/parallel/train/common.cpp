@@ -21,6 +21,7 @@
 #include "gpt2p/core/process_info.h"
 #include "gpt2p/core/stop_signal.h"
 #include "gpt2p/io/run_info.h"
+#include "gpt2p/parallel/train/flags.h"
 
 namespace gpt2p::parallel {
 
@@ -211,29 +212,19 @@ void report_stopped(const char* program, int signal, int64_t step, const std::st
   std::fflush(stdout);
 }
 
-void report_finished(const char* program, int64_t step, const std::string& out, int rank) {
+void report_finished(const char* program, int64_t step, const std::string& out, int rank,
+                     int ranks) {
   if (rank != 0) return;
-  namespace fs = std::filesystem;
   std::error_code ec;
-  int rank_files = 0;
-  for (const auto& entry : fs::directory_iterator(out, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("rank", 0) == 0 && name.size() > 7 &&
-        name.compare(name.size() - 3, 3, ".h5") == 0)
-      ++rank_files;
-  }
-  std::string held;
-  const auto add = [&](const std::string& what) { held += (held.empty() ? "" : ", ") + what; };
-  if (rank_files > 0)
-    add(std::to_string(rank_files) +
-        (rank_files == 1 ? " timing file rank0.h5" : " timing files rank<r>.h5"));
-  if (fs::exists(out + "/config.ini", ec)) add("config.ini (run it again with --config)");
-  if (fs::exists(out + "/checkpoint", ec)) add("checkpoint/");
+  std::string held =
+      ranks == 1 ? "1 timing file rank0.h5" : std::to_string(ranks) + " timing files rank<r>.h5";
+  if (std::filesystem::exists(out + "/" + kRunConfigFile, ec))
+    held += std::string(", ") + kRunConfigFile + " (run it again with --config)";
+  if (std::filesystem::exists(out + "/checkpoint", ec)) held += ", checkpoint/";
   std::printf(
-      "%s: finished after step %lld; results in %s%s%s; plots and metrics: python3 -m "
-      "analysis summarize %s --out %s/analysis (from the source tree: scripts/python)\n",
-      program, static_cast<long long>(step), out.c_str(), held.empty() ? "" : ": ", held.c_str(),
-      out.c_str(), out.c_str());
+      "%s: finished after step %lld; results in %s: %s; plots and metrics: python3 -m analysis "
+      "summarize %s --out %s/analysis (from the source tree: scripts/python)\n",
+      program, static_cast<long long>(step), out.c_str(), held.c_str(), out.c_str(), out.c_str());
   std::fflush(stdout);
 }
 

@@ -129,7 +129,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
   recorder.set_attribute("peak_memory_bytes", run_peak);
   recorder.close();
   if (setup.ranks > 1) ctx.comm.barrier();
-  report_finished(setup.program, step, cfg.output.out, setup.rank);
+  report_finished(setup.program, step, cfg.output.out, setup.rank, setup.ranks);
   return 0;
 }
 

@@ -134,9 +134,11 @@ void check_resume_identity(const model::TrainState& state, const TrainConfig& cf
 void report_stopped(const char* program, int signal, int64_t step, const std::string& out, int rank,
                     int world);
 
-// Rank 0's last line of a run that ended without a stop: where its results are (the rank files,
-// config.ini, the checkpoint, whichever exist) and the command that turns them into plots.
-void report_finished(const char* program, int64_t step, const std::string& out, int rank);
+// Rank 0's last line of a run that ended without a stop: where its results are (the `ranks`
+// timing files, which every rank has closed by then; config.ini and the checkpoint where they
+// exist) and the command that turns them into plots.
+void report_finished(const char* program, int64_t step, const std::string& out, int rank,
+                     int ranks);
 
 // Rank 0 removes a <out>/stopped.json left by an earlier run: the file speaks of one run only.
 void clear_stopped(const std::string& out, int rank);
