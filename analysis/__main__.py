@@ -1,4 +1,4 @@
-"""python3 -m analysis {summarize,hw5,timeline,sweep} ...; see --help of each."""
+"""python3 -m analysis {summarize,watch,hw5,timeline,sweep} ...; see --help of each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from analysis import metrics, plots, summary, timeline
+from analysis import metrics, plots, report_html, summary, timeline, watch
 from analysis import numbers as fmt
 from analysis.reader import Run, RunError, find_runs, read_run, shared_gpu_note, warn
 
@@ -88,10 +88,8 @@ def cmd_summarize(args) -> int:
         s = summary.run_summary(run, args.warmup_epochs)
         d = out / name
         summary.write_json(d / "metrics.json", s)
-        plots.step_breakdown_plot(run, d / "step_breakdown.png", args.warmup_epochs)
-        plots.loss_plot([run], d / "loss.png")
-        if "pipeline_bubble" in s:
-            timeline.write_timeline(run, d)
+        figs = report_html.draw(run, d, args.warmup_epochs)
+        report_html.write_text(d / "index.html", report_html.run_page(run, s, figs))
         rows.append({"name": name, **s})
     perf = [r["performance"] for r in rows]
     tput = [r["throughput"] for r in rows]
@@ -105,11 +103,14 @@ def cmd_summarize(args) -> int:
              for r, p, t, k in zip(rows, perf, times, toks)]
     print("\n".join(table(head, cells, right=(2, 6))))
     summary.write_json(out / "summary.json", {"runs": rows})
+    if len(rows) > 1:
+        report_html.write_text(out / "index.html", report_html.index_page(rows))
     plots.loss_plot(runs, out / "loss_curves.png")
     note = shared_gpu_note(runs)
     if note:
         print(f"note: {note} (runs: {', '.join(r['name'] for r in rows if r.get('ranks_share_gpu'))})")
-    print(f"wrote {out}/summary.json and per-run metrics.json + plots under {out}/")
+    pages = f"{out}/{rows[0]['name']}/index.html" if len(rows) == 1 else f"{out}/index.html links them"
+    print(f"wrote {out}/summary.json and per run metrics.json, plots and a page ({pages})")
     return 0
 
 
@@ -240,12 +241,21 @@ def parser() -> argparse.ArgumentParser:
     warm = dict(type=int, default=None, metavar="N",
                 help="warm-up epochs to drop (default: each run's config.warmup_epochs)")
 
-    s = sub.add_parser("summarize", help="per-run metrics JSON and plots for each run directory")
+    s = sub.add_parser("summarize", help="per-run metrics JSON, plots and an HTML page for each run directory")
     s.add_argument("runs", nargs="+", metavar="RUN_DIR",
                    help="trainer --out directories, or directories holding them (missing ones are skipped)")
     s.add_argument("--out", required=True, help="output directory")
     s.add_argument("--warmup-epochs", **warm)
     s.set_defaults(fn=cmd_summarize)
+
+    v = sub.add_parser("watch", help="a run's page, rewritten while the run goes on, until it finishes")
+    v.add_argument("run", metavar="RUN_DIR", help="the --out directory of a running (or finished) trainer")
+    v.add_argument("--out", required=True, help="output directory: index.html, metrics.json, plots")
+    v.add_argument("--every", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds between two reads of the rank files; the page reloads as often "
+                        "(default: 10)")
+    v.add_argument("--warmup-epochs", **warm)
+    v.set_defaults(fn=watch.cmd_watch)
 
     h = sub.add_parser("hw5", help="HW5's performance_summary.json and its four plots")
     h.add_argument("--dp-single", help="dp_train/gpt2_train run on 1 rank (HW5: batch 64)")

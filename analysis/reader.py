@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -271,6 +272,18 @@ def merge_segments(tables, segments):
     return out
 
 
+def _open(path: Path, partial: bool):
+    """Opens a timing file for reading; a .partial one without HDF5's file lock, which its trainer
+    holds while it writes (flushing after every row) and which would refuse the reader."""
+    if not partial:
+        return h5py.File(path, "r")
+    try:
+        return h5py.File(path, "r", locking=False)
+    except (TypeError, ValueError):  # h5py < 3.5 or HDF5 < 1.10.7: HDF5 reads this variable instead
+        os.environ["HDF5_USE_FILE_LOCKING"] = "FALSE"
+        return h5py.File(path, "r")
+
+
 def read_rank_file(path: Path) -> RankFile:
     path = Path(path)
     m = RANK_FILE.match(path.name)
@@ -278,10 +291,12 @@ def read_rank_file(path: Path) -> RankFile:
         raise RunError(f"{path}: not a timing file name (expected rank<r>.h5 or rank<r>.h5.partial)")
     partial = m.group(2) is not None
     try:
-        f = h5py.File(path, "r")
+        f = _open(path, partial)
     except OSError as e:
         raise RunError(f"{path}: cannot open as HDF5 ({e}); a crash before the first flush leaves an "
-                       "unreadable .partial file: delete it or rerun the training") from e
+                       "unreadable .partial file: delete it or rerun the training"
+                       + (" (a running trainer's file may also not read for a moment while it is written)"
+                          if partial else "")) from e
     with f:
         attrs = {k: _decode(v) for k, v in f.attrs.items()}
         try:
