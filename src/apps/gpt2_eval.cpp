@@ -1,7 +1,6 @@
 // gpt2_eval: next-token loss and perplexity of a GPT-2 checkpoint (ours or Hugging Face's) on
 // token-id sequences (JSON lines) or on a split of a prepared dataset. Prints JSON on stdout.
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,8 +15,7 @@
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
 #include "gpt2p/io/json_input.h"
-#include "gpt2p/model/checkpoint.h"
-#include "gpt2p/model/hf_checkpoint.h"
+#include "gpt2p/model/model_dir.h"
 #include "gpt2p/parallel/train/options.h"
 
 namespace {
@@ -31,22 +29,6 @@ struct EvalOptions {
   int64_t batch_size = 8, max_len = 0, max_examples = 0;
   bool allow_unverified = false;
 };
-
-GPT2 load_any(const std::string& dir, bool allow_unverified) {
-  if (gpt2p::model::is_checkpoint_dir(dir)) {
-    GPT2 model = gpt2p::model::load_model(dir, {allow_unverified});
-    GPT2P_CHECK(model->is_full(),
-                "--checkpoint " << dir << " holds only layers [" << model->range().begin << ", "
-                                << model->range().end << ") of the model",
-                "evaluate a full-model checkpoint (gather the pipeline stages first)");
-    return model;
-  }
-  GPT2P_CHECK(gpt2p::model::is_hf_dir(dir),
-              "--checkpoint " << dir << " is neither a gpt2p checkpoint (meta.json) nor a Hugging "
-                              << "Face directory (config.json + model.safetensors)",
-              "pass a directory written by gpt2_train/save_checkpoint or by save_pretrained");
-  return gpt2p::model::load_hf(dir);
-}
 
 std::vector<std::vector<int64_t>> read_ids_jsonl(const std::string& path, int64_t vocab,
                                                  int64_t n_ctx) {
@@ -118,22 +100,16 @@ nlohmann::json eval_ids(GPT2& model, const EvalOptions& o, torch::Device device)
       {"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", tokens}, {"sequences", per_seq}};
 }
 
-// The vocabulary --data is checked against: --vocab-dir, else the one the training run of a gpt2p
-// checkpoint recorded (while that directory exists); empty when there is none.
-std::string vocab_dir_for(const EvalOptions& o) {
-  if (!o.vocab_dir.empty()) return o.vocab_dir;
-  if (!gpt2p::model::is_checkpoint_dir(o.checkpoint)) return "";
-  const auto config = gpt2p::model::read_train_state(o.checkpoint).config;
-  const std::string dir =
-      config.is_object() && config.value("vocab_dir", nlohmann::json()).is_string()
-          ? config["vocab_dir"].get<std::string>()
-          : "";
-  return !dir.empty() && std::filesystem::is_directory(dir) ? dir : "";
+// The vocabulary --data is checked against: --vocab-dir, else the one the model's training run
+// recorded (while that directory exists); empty when there is none.
+std::string vocab_dir_for(const EvalOptions& o, const gpt2p::model::ModelDir& loaded) {
+  return !o.vocab_dir.empty() ? o.vocab_dir : gpt2p::model::recorded_vocab_dir(loaded);
 }
 
 // The dataset must hold ids of the model's vocabulary, made by the model's tokenizer.
 void check_dataset_tokenizer(const gpt2p::data::DatasetFile& file, const EvalOptions& o,
-                             int64_t model_vocab) {
+                             const gpt2p::model::ModelDir& loaded) {
+  const int64_t model_vocab = loaded.model->config().vocab_size;
   const auto& meta = file.meta();
   GPT2P_CHECK(meta.vocab_size == model_vocab,
               "dataset " << o.data << " was made with tokenizer " << meta.tokenizer_identity
@@ -141,7 +117,7 @@ void check_dataset_tokenizer(const gpt2p::data::DatasetFile& file, const EvalOpt
                          << o.checkpoint << " has vocab " << model_vocab,
               "evaluate a model trained with this dataset's tokenizer, or re-create the dataset "
               "with prepare_data --vocab-dir <the model's vocabulary>");
-  const std::string dir = vocab_dir_for(o);
+  const std::string dir = vocab_dir_for(o, loaded);
   if (dir.empty()) {
     std::cerr << "gpt2_eval: note: the tokenizer of " << o.data << " (" << meta.tokenizer_identity
               << ") was not checked: pass --vocab-dir with the model's vocabulary to check it\n";
@@ -152,10 +128,12 @@ void check_dataset_tokenizer(const gpt2p::data::DatasetFile& file, const EvalOpt
   file.require_tokenizer(tokenizer.identity(), tokenizer.vocab_size());
 }
 
-nlohmann::json eval_dataset(GPT2& model, const EvalOptions& o, torch::Device device) {
+nlohmann::json eval_dataset(const gpt2p::model::ModelDir& loaded, const EvalOptions& o,
+                            torch::Device device) {
+  GPT2 model = loaded.model;
   const auto& cfg = model->config();
   const auto file = gpt2p::data::DatasetFile::open(o.data);
-  check_dataset_tokenizer(file, o, cfg.vocab_size);
+  check_dataset_tokenizer(file, o, loaded);
   const auto& split = file.split(o.split);
   // No pairs would give a NaN loss and an exit 0.
   GPT2P_CHECK(split.size() > 0, "dataset " << o.data << " has no " << o.split << " pairs",
@@ -199,7 +177,8 @@ int main(int argc, char** argv) {
         po::options_description desc("gpt2_eval options");
         desc.add_options()(
             "checkpoint", po::value(&o.checkpoint)->required(),
-            "model directory: a gpt2p checkpoint (meta.json) or a Hugging Face GPT-2 directory "
+            "model directory: a trainer's checkpoint (dp_train's meta.json, or pp_train's "
+            "manifest.json: its stages are joined) or a Hugging Face GPT-2 directory "
             "(config.json + model.safetensors)")(
             "ids-jsonl", po::value(&o.ids_jsonl),
             "token-id sequences, one {\"ids\": [...]} per line "
@@ -261,11 +240,12 @@ int main(int argc, char** argv) {
         }
         gpt2p::compat::set_strict_fp32(true);
         torch::NoGradGuard no_grad;
-        GPT2 model = load_any(o.checkpoint, o.allow_unverified);
+        const auto loaded = gpt2p::model::load_model_dir(o.checkpoint, {o.allow_unverified});
+        GPT2 model = loaded.model;
         model->to(device);
         model->eval();
         nlohmann::json out =
-            o.data.empty() ? eval_ids(model, o, device) : eval_dataset(model, o, device);
+            o.data.empty() ? eval_ids(model, o, device) : eval_dataset(loaded, o, device);
         out["checkpoint"] = o.checkpoint;
         out["device"] = gpt2p::name_string(o.device);
         if (topo.rank == 0) std::cout << out.dump(2) << std::endl;

@@ -78,34 +78,50 @@ LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int
   return r;
 }
 
+SentenceTranslation translate_ids(const LogitsFn& logits, const std::vector<int32_t>& source,
+                                  model::Decoding decoding, const data::SpecialTokens& special,
+                                  const data::BpeTokenizer& tokenizer,
+                                  const torch::Device& device) {
+  std::vector<int64_t> ids(source.begin(), source.end());
+  // Leave room for at least a few generated tokens.
+  if (static_cast<int64_t>(ids.size()) > decoding.max_length / 2) {
+    ids.resize(static_cast<size_t>(decoding.max_length / 2));
+  }
+  SentenceTranslation out;
+  out.source_tokens_kept = ids.size();
+  ids.push_back(special.eos_de);
+  if (static_cast<int64_t>(ids.size()) >= decoding.max_length) {
+    out.reason = model::StopReason::kMaxLength;
+    return out;
+  }
+  decoding.stop_token = special.eos_en;
+  const auto generated = model::generate(logits, ids, decoding, device);
+  std::vector<int32_t> text;
+  for (const int64_t t : generated.tokens) {
+    // Specials (and anything past GPT-2's vocabulary) are not text.
+    if (t < tokenizer.base_vocab_size()) text.push_back(static_cast<int32_t>(t));
+  }
+  out.text = tokenizer.decode(text);
+  out.tokens = static_cast<int64_t>(generated.tokens.size());
+  out.reason = generated.reason;
+  return out;
+}
+
 std::vector<Translation> translate(const LogitsFn& logits, const data::Split& split, int n,
                                    int64_t seq_len, const data::SpecialTokens& special,
                                    int64_t vocab_size, const data::BpeTokenizer& tokenizer,
                                    const torch::Device& device, const StopPredicate& stop) {
-  torch::NoGradGuard no_grad;
   std::vector<Translation> out;
   const int64_t count = std::min<int64_t>(n, split.size());
   for (int64_t i = 0; i < count; ++i) {
     if (stop && stop()) break;
-    std::vector<int64_t> ids;
-    for (int32_t t : split.src(i)) ids.push_back(t);
-    // Leave room for at least a few generated tokens.
-    if (static_cast<int64_t>(ids.size()) > seq_len / 2)
-      ids.resize(static_cast<size_t>(seq_len / 2));
-    ids.push_back(special.eos_de);
-    std::vector<int32_t> generated;
-    const int64_t limit = std::min<int64_t>(
-        seq_len, static_cast<int64_t>(ids.size()) + generation_budget(split.tgt(i).size()));
-    while (static_cast<int64_t>(ids.size()) < limit) {
-      auto input = to_device(ids, 1, static_cast<int64_t>(ids.size()), device);
-      auto last = logits(input).select(1, -1).narrow(-1, 0, vocab_size);
-      const int64_t next = last.argmax(-1).item<int64_t>();
-      if (next == special.eos_en) break;
-      ids.push_back(next);
-      // Specials (and anything past GPT-2's vocabulary) are not text.
-      if (next < tokenizer.base_vocab_size()) generated.push_back(static_cast<int32_t>(next));
-    }
-    out.push_back({split.text_de(i), tokenizer.decode(generated), split.text_en(i)});
+    model::Decoding decoding;
+    decoding.vocab_size = vocab_size;
+    decoding.max_length = seq_len;
+    decoding.max_new = generation_budget(split.tgt(i).size());
+    const auto t =
+        translate_ids(logits, split.src(i).to_vector(), decoding, special, tokenizer, device);
+    out.push_back({split.text_de(i), t.text, split.text_en(i)});
   }
   return out;
 }

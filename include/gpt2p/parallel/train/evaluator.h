@@ -12,6 +12,8 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/data/bpe_tokenizer.h"
 #include "gpt2p/data/dataset_file.h"
+#include "gpt2p/data/special_tokens.h"
+#include "gpt2p/model/generate.h"
 
 namespace gpt2p::parallel {
 
@@ -40,6 +42,20 @@ LossResult validation_loss(const LogitsFn& logits, const data::Split& split, int
 struct Translation {
   std::string source, hypothesis, reference;
 };
+
+struct SentenceTranslation {
+  std::string text;               // the generated tokens' text (specials dropped)
+  int64_t tokens = 0;             // tokens generated, <eos_en> not counted
+  size_t source_tokens_kept = 0;  // of the source's, at most half of decoding.max_length
+  model::StopReason reason = model::StopReason::kStopToken;
+};
+
+// One German sentence's token ids -> English: the source (cut to half of decoding.max_length,
+// leaving room to generate) + <eos_de>, then tokens as `decoding` says (its stop_token is set to
+// <eos_en> here) until <eos_en>, decoding.max_new tokens or decoding.max_length in all.
+SentenceTranslation translate_ids(const LogitsFn& logits, const std::vector<int32_t>& source,
+                                  model::Decoding decoding, const data::SpecialTokens& special,
+                                  const data::BpeTokenizer& tokenizer, const torch::Device& device);
 
 // Greedy decoding of the first `n` examples of `split`: German + <eos_de>, then argmax tokens until
 // <eos_en>, seq_len tokens in all, or 1.5 x the reference's token count + 8 generated tokens
