@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -391,6 +392,11 @@ std::string to_config_file(const ConfigEntries& entries, const po::options_descr
 
 std::string config_value(double v) {
   char buf[40];
+  // A whole number as a person writes it ("60", not %g's "6e+01"), while that is exact.
+  if (std::abs(v) < 1e15 && v == std::trunc(v)) {
+    std::snprintf(buf, sizeof buf, "%.0f", v == 0 ? 0.0 : v);  // no "-0"
+    return buf;
+  }
   for (int digits = 1; digits <= 17; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, v);
     if (std::strtod(buf, nullptr) == v) break;

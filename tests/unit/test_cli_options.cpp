@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -361,6 +362,18 @@ TEST(CliConfig, WrittenFileReadsBackTheSameValues) {
   const Flags off_back = parse({"--config", write(dir / "off.ini", off), "--epochs", "1"});
   EXPECT_FALSE(off_back.overwrite);
   EXPECT_EQ(off_back.out, "");
+}
+
+TEST(CliConfig, NumbersAreWrittenShortAndExact) {
+  EXPECT_EQ(config_value(60.0), "60");
+  EXPECT_EQ(config_value(65536.0), "65536");
+  EXPECT_EQ(config_value(-0.0), "0");
+  EXPECT_EQ(config_value(0.0003), "0.0003");
+  EXPECT_EQ(config_value(3e-5), "3e-05");
+  EXPECT_EQ(config_value(1e20), "1e+20");
+  for (const double v : {60.0, 0.1, 1.0 / 3.0, 123456789012345.0, 1e300, -2.5}) {
+    EXPECT_EQ(std::strtod(config_value(v).c_str(), nullptr), v) << config_value(v);
+  }
 }
 
 TEST(CliConfig, WriteRefusesWhatWouldNotReadBack) {

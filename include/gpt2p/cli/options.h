@@ -71,7 +71,8 @@ std::string to_config_file(const ConfigEntries& entries, const po::options_descr
 inline std::string config_value(const std::string& v) { return v; }
 inline std::string config_value(const char* v) { return v; }
 inline std::string config_value(bool v) { return v ? "true" : "false"; }
-// The shortest text that reads back as exactly `v` (e.g. "0.0001", "65536").
+// The shortest text that reads back as exactly `v` (e.g. "0.0001", "3e-05"); a whole number below
+// 1e15 in digits ("60", "65536").
 std::string config_value(double v);
 template <class T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
 std::string config_value(T v) {

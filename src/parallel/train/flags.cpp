@@ -227,6 +227,20 @@ std::string run_config_of(const std::string& checkpoint) {
   return file.string();
 }
 
+void check_resume_program(const std::string& checkpoint, Program program) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool pipeline = fs::is_regular_file(fs::path(checkpoint) / "manifest.json", ec);
+  const bool replicated = fs::is_regular_file(fs::path(checkpoint) / "meta.json", ec);
+  const bool mine = program == Program::kPipeline ? !replicated : !pipeline;
+  if (mine) return;
+  const char* writer = pipeline ? "pp_train's (a pipeline's stages)" : "dp_train's or gpt2_train's";
+  const char* other = pipeline ? "pp_train" : "dp_train";
+  throw UsageError("--resume " + checkpoint + " is " + writer + " checkpoint, not " +
+                   program_name(program) + "'s: continue it with " + other + " --resume " +
+                   checkpoint + " (under mpirun, with the ranks of the run that wrote it)");
+}
+
 bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) {
   po::options_description desc;
   add_train_options(desc, cfg, program);
@@ -238,9 +252,11 @@ bool parse_train_args(TrainConfig& cfg, Program program, int argc, char** argv) 
       "Pipeline-parallel GPT-2 training: mpirun -np RANKS pp_train [options] (GPipe, 1F1B or "
       "interleaved 1F1B)."};
   return cli::parse_or_help(program_name(program), kSummary[static_cast<int>(program)], desc, argc,
-                            argv, vm, [](const po::variables_map& given) -> std::string {
+                            argv, vm, [program](const po::variables_map& given) -> std::string {
                               if (given.count("resume") == 0U) return "";
-                              return run_config_of(given["resume"].as<std::string>());
+                              const auto& checkpoint = given["resume"].as<std::string>();
+                              check_resume_program(checkpoint, program);
+                              return run_config_of(checkpoint);
                             });
 }
 

@@ -31,6 +31,11 @@ void write_run_config(const TrainConfig& cfg, Program program);
 // <out>/config.ini), or "" when `checkpoint` holds no checkpoint or its run wrote no such file.
 std::string run_config_of(const std::string& checkpoint);
 
+// Refuses (UsageError) a --resume checkpoint of the other kind of trainer: a pipeline checkpoint
+// (manifest.json) for dp_train or gpt2_train, a replicated one (meta.json) for pp_train, naming
+// the program that continues it.
+void check_resume_program(const std::string& checkpoint, Program program);
+
 // Parses argv; returns false after --help. With --resume CHECKPOINT the settings of the run it
 // continues (run_config_of) fill every flag that neither the command line nor --config gives: its
 // --out, --epochs, ... (check_resume_identity then names or refuses a flag given otherwise).
