@@ -14,7 +14,7 @@ fi
 fail=0
 export PATH="$tmp/prefix/bin:$PATH"
 cd "$tmp"  # away from the build folder and the repository
-for p in comm_bench gpt2_train gpt2_eval dp_train pp_train pp_plan tokenize prepare_data; do
+for p in comm_bench gpt2_train gpt2_eval gpt2_generate dp_train pp_train pp_plan tokenize prepare_data; do
   if [ ! -x "$tmp/prefix/bin/$p" ]; then echo "FAIL: $p not installed"; fail=1; continue; fi
   if ldd "$tmp/prefix/bin/$p" | grep -q "not found"; then
     echo "FAIL: $p: $(ldd "$tmp/prefix/bin/$p" | grep 'not found' | head -2)"; fail=1; continue
