@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@ using gpt2p::parallel::DeviceKind;
 using gpt2p::parallel::GradSyncMode;
 using gpt2p::parallel::Program;
 using gpt2p::parallel::TrainConfig;
+namespace po = gpt2p::cli::po;
 
 namespace {
 
@@ -174,6 +178,52 @@ TEST(TrainOptions, TheWrittenConfigFileRunsTheSameConfigurationAgain) {
         << gpt2p::parallel::program_name(program) << ":\n"
         << text;
     EXPECT_EQ(text.find("resume"), std::string::npos) << text;
+  }
+}
+
+// Every flag of a program is in the config file its run writes, but the two about one start
+// (--resume, --overwrite) and, while they hold "not given", the model overrides and optional paths;
+// the file lists them in the order of --help.
+TEST(TrainOptions, TheWrittenConfigFileHoldsEveryFlagButTheOnesAboutOneStart) {
+  const std::set<std::string> about_one_start = {"resume", "overwrite"};
+  const std::set<std::string> when_given = {"n-layer", "n-head",    "n-embd",
+                                            "dropout", "init-from", "profile"};
+  const auto keys_of = [](const std::string& text) {
+    std::vector<std::string> keys;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line[0] != '#') keys.push_back(line.substr(0, line.find(" = ")));
+    }
+    return keys;
+  };
+  for (const Program program : {Program::kSingle, Program::kDataParallel, Program::kPipeline}) {
+    const std::string name = gpt2p::parallel::program_name(program);
+    po::options_description desc;
+    TrainConfig scratch;
+    gpt2p::parallel::add_train_options(desc, scratch, program);
+    std::vector<std::string> every, written, written_by_default;
+    for (const auto& d : desc.options()) {
+      every.push_back(d->long_name());
+      if (about_one_start.count(d->long_name()) != 0U) continue;
+      written.push_back(d->long_name());
+      if (when_given.count(d->long_name()) == 0U) written_by_default.push_back(d->long_name());
+    }
+    EXPECT_EQ(every.size(), written.size() + about_one_start.size()) << name;
+    const TrainConfig all_given =
+        parse({"--n-layer", "3", "--n-head", "2", "--n-embd", "64", "--dropout", "0", "--init-from",
+               "x/ck", "--profile", "p", "--resume", "a/checkpoint", "--overwrite"},
+              program);
+    const auto expect_keys = [&name](const std::vector<std::string>& keys,
+                                     const std::vector<std::string>& flags) {
+      std::string missing;
+      for (const auto& f : flags) {
+        if (std::find(keys.begin(), keys.end(), f) == keys.end()) missing += " " + f;
+      }
+      EXPECT_EQ(keys, flags) << name << "'s config file has no line for:" << missing;
+    };
+    expect_keys(keys_of(gpt2p::parallel::to_config_file(all_given, program)), written);
+    expect_keys(keys_of(gpt2p::parallel::to_config_file(parse({}, program), program)),
+                written_by_default);
   }
 }
 

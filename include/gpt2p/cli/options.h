@@ -55,7 +55,8 @@ using ConfigEntries = std::vector<std::pair<std::string, std::string>>;
 // either end. The flags' notifiers are not run: leave out options that hold a "not set" value a
 // notifier refuses (e.g. -1 for a flag that must be positive), so that the file runs again.
 // A program writes its configuration once it is resolved (a value may differ from what was
-// parsed: an "auto" or a device-dependent default), from a fresh `desc` of its flags:
+// parsed: an "auto" or a device-dependent default), from a fresh `desc` of its flags (or with
+// cli/flag_table.h, which makes the entries from the flags' declarations):
 //
 //   po::options_description desc;
 //   Flags scratch;  // the flags' targets; only their declarations are used

@@ -11,12 +11,13 @@ namespace gpt2p::parallel {
 
 namespace po = cli::po;
 
-// Declares every flag of `program` on `desc`, bound to fields of `cfg`.
+// Declares every flag of `program` on `desc`, bound to fields of `cfg`. One table
+// (cli/flag_table.h) declares them, here and for to_config_file.
 void add_train_options(po::options_description& desc, TrainConfig& cfg, Program program);
 
 // The resolved `cfg` as a config file that `program --config FILE` runs again: every flag of
-// `program` with its value, but --resume and --overwrite (how one start treats --out) and the
-// model overrides and paths left at "the preset's" / "none".
+// `program` with its value, in the order of --help, but --resume and --overwrite (how one start
+// treats --out) and the model overrides and paths left at "the preset's" / "none".
 std::string to_config_file(const TrainConfig& cfg, Program program);
 
 // The file a run writes its resolved options to, in its --out.
