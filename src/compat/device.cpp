@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "gpt2p/compat/version.h"
@@ -84,6 +85,26 @@ AutocastGuard::~AutocastGuard() {
     at::autocast::set_autocast_cpu_dtype(previous_dtype_);
   }
 #endif
+}
+
+namespace {
+bool cast_once_enabled() {
+  const char* env = std::getenv("GPT2P_CAST_ONCE");
+  return env == nullptr || std::string(env) != "0";
+}
+}  // namespace
+
+AutocastCacheScope::AutocastCacheScope() : active_(cast_once_enabled()) {
+  if (active_) at::autocast::increment_nesting();
+}
+
+AutocastCacheScope::~AutocastCacheScope() {
+  if (active_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+}
+
+torch::Tensor cached_cast(const torch::Tensor& weight, torch::ScalarType dtype) {
+  if (weight.scalar_type() == dtype) return weight;
+  return at::autocast::cached_cast(dtype, weight, weight.device().type());
 }
 
 bool cuda_available() {

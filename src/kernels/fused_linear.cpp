@@ -156,7 +156,8 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     // Autocast would cast the operands to its type; do it here, so backward sees the same operands.
     const auto dtype = compat::autocast_dtype(x.device(), weight.scalar_type());
     const auto xc = x.to(dtype).contiguous();
-    const auto wc = weight.to(dtype);
+    // Once per step when a compat::AutocastCacheScope is open (every micro-batch shares the copy).
+    const auto wc = compat::cached_cast(weight, dtype);
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());

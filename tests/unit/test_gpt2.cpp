@@ -192,6 +192,45 @@ TEST(GPT2, DeferredWeightGradientsAddUpToThePlainBackward) {
   }
 }
 
+TEST(AutocastCacheScope, AWeightIsCastOncePerScopeAndTheGradientsStayTheSame) {
+  const auto w = torch::randn({4, 4}).requires_grad_();
+  const auto cast_twice = [&w] {
+    std::vector<torch::Tensor> out;
+    for (int k = 0; k < 2; ++k) {
+      compat::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      out.push_back(compat::cached_cast(w, torch::kBFloat16));
+    }
+    return out;
+  };
+  const auto apart = cast_twice();
+  EXPECT_NE(apart[0].data_ptr(), apart[1].data_ptr());  // each guard's cache ended with it
+  {
+    compat::AutocastCacheScope casts;
+    const auto shared = cast_twice();
+    EXPECT_EQ(shared[0].data_ptr(), shared[1].data_ptr());
+  }
+  // Closed: a changed weight is cast anew.
+  {
+    torch::NoGradGuard no_grad;
+    w.add_(1.0);
+  }
+  EXPECT_TRUE(torch::equal(cast_twice()[0], (w.detach() + 0).to(torch::kBFloat16)));
+
+  // Micro-batches under one scope: the same gradients as with a cast per micro-batch.
+  const auto c = small_config();
+  GPT2 model(c);
+  model->reset_parameters(6);
+  const std::vector<torch::Tensor> micro{random_ids(c, 2, 6, 3), random_ids(c, 2, 6, 4)};
+  const auto per_forward = grads_of(model, micro, nullptr, true);
+  std::vector<torch::Tensor> once;
+  {
+    compat::AutocastCacheScope casts;
+    once = grads_of(model, micro, nullptr, true);
+  }
+  ASSERT_EQ(once.size(), per_forward.size());
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_TRUE(torch::equal(once[i], per_forward[i])) << i;
+}
+
 TEST(GPT2, BackwardWithAStoreLeavesOnlyTheBlockLinearWeightsForLater) {
   const auto c = small_config();
   GPT2 model(c);

@@ -29,6 +29,29 @@ class AutocastGuard {
   torch::ScalarType previous_dtype_ = torch::kFloat32;
 };
 
+// Keeps autocast's cache of weight casts across the forwards of one step (pipeline micro-batches,
+// gradient accumulation) while alive: each trainable weight is cast to the autocast type once per
+// step, not once per forward, and every forward's graph shares that copy. Autocast itself stays
+// as the AutocastGuards inside set it (backward runs outside them). The cache is cleared when the
+// outermost scope or guard ends: end the scope before the weights change (the optimizer step).
+// GPT2P_CAST_ONCE=0 in the environment turns it off (every forward casts again), to compare.
+class AutocastCacheScope {
+ public:
+  AutocastCacheScope();
+  ~AutocastCacheScope();
+  AutocastCacheScope(const AutocastCacheScope&) = delete;
+  AutocastCacheScope& operator=(const AutocastCacheScope&) = delete;
+
+ private:
+  bool active_;
+};
+
+// `weight` in `dtype` through autocast's cache (as autocast casts an operand): a trainable leaf
+// tensor is cast once while an AutocastGuard or an AutocastCacheScope is open. Under no-grad (a
+// custom autograd function's forward) the cached copy has no gradient function: use it only where
+// the gradient of `weight` is computed by hand.
+torch::Tensor cached_cast(const torch::Tensor& weight, torch::ScalarType dtype);
+
 // Whether autocast is on for `device`'s type on this thread.
 bool autocast_enabled(const torch::Device& device);
 // The type autocast computes in for `device`'s type on this thread (torch::kBFloat16 or

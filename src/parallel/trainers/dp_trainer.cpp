@@ -59,6 +59,9 @@ class DataParallelStep final : public StepStrategy {
     clock_.mark(0);
     const double scale = scaler_.scale();
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
+    // With --grad-accum, the weights are cast to bf16/fp16 once for all micro-steps.
+    std::optional<compat::AutocastCacheScope> casts;
+    if (cfg_.optim.grad_accum > 1) casts.emplace();
     for (int k = 0; k < cfg_.optim.grad_accum; ++k) {
       torch::Tensor loss;
       {
@@ -72,6 +75,7 @@ class DataParallelStep final : public StepStrategy {
       clock_.mark(2 + 2 * k);
       loss_sum += loss.detach();
     }
+    casts.reset();
     reducer_.finish_grad_sync();
     const int sync_mark = 2 * cfg_.optim.grad_accum + 1;
     clock_.mark(sync_mark);

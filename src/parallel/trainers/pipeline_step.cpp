@@ -155,7 +155,11 @@ class PipelineStep final : public StepStrategy {
                         host_mask(batch.batch), scale});
     }
     rec.data = since(t0);
-    const auto times = executor_->run_step(rec.step, rec.start + rec.data);
+    // The weights are cast to bf16/fp16 once for all micro-batches, not once per micro-batch.
+    const auto times = [&] {
+      compat::AutocastCacheScope casts;
+      return executor_->run_step(rec.step, rec.start + rec.data);
+    }();
     clock_.mark(0);
     // Each stage's gradients summed over its replicas (each replica's loss is its share of the
     // global batch's mean; started by the stage's last backward), then the tied weight's two
