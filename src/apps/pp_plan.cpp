@@ -11,7 +11,9 @@
 // step, the tied-weight exchange and the loss broadcast (the same for every plan). Each plan also
 // gets its busiest rank's peak memory (pipeline/perf/memory.h): fp32 weights, gradients and AdamW
 // moments (sharded over the replicas with --zero 1) plus the activations its schedule keeps, as
-// the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU.
+// the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU. The
+// planner, the --gpus search and the tables are pipeline/perf's (planner.h, hybrid.h,
+// plan_report.h); this file reads the flags and calls them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +30,8 @@
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/parallel/train/context.h"
 #include "gpt2p/parallel/train/options.h"
+#include "gpt2p/pipeline/perf/hybrid.h"
+#include "gpt2p/pipeline/perf/plan_report.h"
 #include "gpt2p/pipeline/perf/planner.h"
 
 namespace {
@@ -48,37 +52,6 @@ struct Flags {
   gpt2p::model::GPT2Config config;     // train.model resolved at --seq-len (parse_flags)
   gpt2p::pipeline::PlanSpec spec;
 };
-
-// "+zb" for a zero-bubble row at the base schedule's memory, "+zb+K" with K extra live
-// micro-batches, "+zb+inf" without a limit; "" for the rest.
-std::string zb_tag(const gpt2p::pipeline::PlanRow& r) {
-  if (!r.zero_bubble) return "";
-  if (r.zb_extra_live == 0) return "+zb";
-  return r.zb_extra_live < 0 ? "+zb+inf" : "+zb+" + std::to_string(r.zb_extra_live);
-}
-
-// The busiest rank's predicted peak memory in GiB.
-double peak_gib(const gpt2p::pipeline::PlanRow& r) {
-  const auto& bytes = r.peak_memory_bytes;
-  if (bytes.empty()) return 0.0;
-  return *std::max_element(bytes.begin(), bytes.end()) / (1024.0 * 1024 * 1024);
-}
-
-// " --recompute blocks" when the plan recomputes, "" otherwise.
-std::string recompute_flag(const Flags& f) {
-  return f.spec.recompute == gpt2p::model::Recompute::kNone
-             ? ""
-             : " --recompute " + gpt2p::name_string(f.spec.recompute);
-}
-
-// The comment line above a table: what its peak_GiB column holds and where it comes from.
-std::string memory_note(const Flags& f, const gpt2p::pipeline::PlanRow& r) {
-  return std::string("# peak_GiB: the busiest rank's weights, gradients, AdamW moments") +
-         (f.spec.zero == 1 ? " (--zero 1: / D)" : "") + " and live activations (--recompute " +
-         gpt2p::name_string(f.spec.recompute) + "), " +
-         (r.peak_memory_measured ? "measured per layer by the CUDA allocator"
-                                 : "estimated from the shapes (no allocator statistics here)");
-}
 
 // A flag's double as given ("0.5", "nan", "-1"), for messages; std::to_string pads "0.500000".
 std::string number(double v) {
@@ -104,57 +77,6 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text, in
   }
   if (out.empty()) throw UsageError("--" + flag + " is empty: give at least one value, e.g. 4");
   return out;
-}
-
-// Why make_plan gives no row at all for `spec` (its stages P, stages per rank V and micro-batch
-// counts M as make_plan reads them) on n_layer blocks, or "" when it gives some: planner.cpp's
-// conditions, checked before the layer profile (minutes on a GPU) so that a request with nothing
-// to predict is refused with its reason instead of printing an empty table.
-std::string why_no_plan(const gpt2p::pipeline::PlanSpec& spec, int64_t n_layer) {
-  const int n = spec.stages;
-  if (n > n_layer) {
-    return std::to_string(n) + " pipeline ranks but the model has only " + std::to_string(n_layer) +
-           " blocks (every stage needs one)";
-  }
-  std::string why;
-  for (int v : spec.stages_per_rank) {
-    if (v == 1) return "";  // gpipe and 1f1b on any split into n <= n_layer stages
-    std::string reason = "V=" + std::to_string(v) + " stages per rank ";
-    const bool any_m = std::any_of(spec.microbatches.begin(), spec.microbatches.end(),
-                                   [n](int m) { return m % n == 0; });
-    if (n < 2) {
-      reason += "(interleaved 1F1B) needs P >= 2 pipeline ranks, not " + std::to_string(n);
-    } else if (static_cast<int64_t>(n) * v > n_layer) {
-      reason += "needs n_layer >= P x V = " + std::to_string(static_cast<int64_t>(n) * v) +
-                ", the model has " + std::to_string(n_layer);
-    } else if (!any_m) {
-      reason += "needs a micro-batch count M that is a multiple of P = " + std::to_string(n);
-    } else {
-      return "";
-    }
-    why += (why.empty() ? "" : "; ") + reason;
-  }
-  return why;
-}
-
-// --gpus: the spec of D = dp replicas of a P = gpus / dp pipeline, each at the replica's batch with
-// the --microbatches that divide it; `skip` says why the split has no plan ("" when it has one).
-gpt2p::pipeline::PlanSpec hybrid_spec(const Flags& f, int dp, std::string& skip) {
-  gpt2p::pipeline::PlanSpec spec = f.spec;
-  spec.stages = f.gpus / dp;
-  spec.replicas = dp;
-  spec.batch_size = f.spec.batch_size / dp;
-  spec.microbatches.clear();
-  for (int m : f.spec.microbatches) {
-    if (spec.batch_size % m == 0) spec.microbatches.push_back(m);
-  }
-  if (spec.microbatches.empty()) spec.microbatches = {1};
-  if (spec.stages == 1) spec.stages_per_rank = {1};
-  skip = f.spec.batch_size % dp != 0
-             ? "--batch-size " + std::to_string(f.spec.batch_size) + " does not split over " +
-                   std::to_string(dp) + " replicas"
-             : why_no_plan(spec, f.config.n_layer);
-  return spec;
 }
 
 bool parse_flags(int argc, char** argv, Flags& f) {
@@ -269,25 +191,18 @@ bool parse_flags(int argc, char** argv, Flags& f) {
                        "the model's " + std::to_string(f.config.n_layer) +
                        " blocks -- fix: " + "pass --stages <= " + std::to_string(f.config.n_layer) +
                        " or a larger --n-layer");
-    const std::string why = why_no_plan(s, f.config.n_layer);
+    const std::string why = gpt2p::pipeline::why_no_plan(s, f.config.n_layer);
     if (!why.empty())
       throw UsageError("--stages " + std::to_string(s.stages) + " --stages-per-rank " + vs +
                        ": no plan fits: " + why + " -- fix: add 1 to --stages-per-rank, or " +
                        "change --stages, --microbatches or --n-layer to fit");
   } else {
-    std::string why;
-    for (int dp = 1; dp <= f.gpus; ++dp) {
-      if (f.gpus % dp != 0) continue;
-      std::string skip;
-      hybrid_spec(f, dp, skip);
-      if (skip.empty()) return true;
-      why += (why.empty() ? "" : "; ") + std::string("D=") + std::to_string(dp) +
-             " x P=" + std::to_string(f.gpus / dp) + ": " + skip;
-    }
-    throw UsageError("--gpus " + std::to_string(f.gpus) + ": no D x P split fits the other " +
-                     "flags: " + why + " -- fix: pass a --gpus with a D that divides " +
-                     "--batch-size and P <= n_layer, or change --batch-size, --n-layer or " +
-                     "--stages-per-rank");
+    const std::string why = gpt2p::pipeline::why_no_hybrid_plan(s, f.gpus, f.config.n_layer);
+    if (!why.empty())
+      throw UsageError("--gpus " + std::to_string(f.gpus) + ": no D x P split fits the other " +
+                       "flags: " + why + " -- fix: pass a --gpus with a D that divides " +
+                       "--batch-size and P <= n_layer, or change --batch-size, --n-layer or " +
+                       "--stages-per-rank");
   }
   return true;
 }
@@ -309,127 +224,6 @@ double loss_fraction(const Flags& f) {
       f.spec.seq_len);
 }
 
-// The fp32 gradient bytes the busiest rank of a split ("0-8|9-13", inclusive layers per stage;
-// rank r holds stages r, r + ranks, ...) sums over its replicas: its stages' parameters, with the
-// head stage's own copy of the tied wte.
-double busiest_rank_gradient_bytes(const gpt2p::model::GPT2Config& c, const std::string& split,
-                                   int ranks) {
-  std::vector<double> per_rank(static_cast<size_t>(ranks), 0.0);
-  std::stringstream ss(split);
-  std::string stage;
-  for (int s = 0; std::getline(ss, stage, '|'); ++s) {
-    const auto dash = stage.find('-');
-    const int first = std::stoi(stage.substr(0, dash));
-    const int last = dash == std::string::npos ? first : std::stoi(stage.substr(dash + 1));
-    double params = 0;
-    for (int l = first; l <= last; ++l) params += static_cast<double>(c.layer_parameters(l));
-    if (last == c.num_stage_layers() - 1 && first > 0) {
-      params += static_cast<double>(c.padded_vocab_size() * c.n_embd);
-    }
-    per_rank[static_cast<size_t>(s % ranks)] += 4.0 * params;
-  }
-  return *std::max_element(per_rank.begin(), per_rank.end());
-}
-
-// --gpus G: for every D dividing G (P = G / D), the fastest plan of a P-rank pipeline at the
-// replica's batch (global batch / D) plus a ring all-reduce of the busiest rank's gradients over
-// the D replicas, 2 (D - 1) / D x bytes at --allreduce-gbs, which pp_train runs after the
-// pipeline's step (not overlapped). Ranked by tokens per second of the whole job.
-int run_hybrid(const Flags& f, const gpt2p::model::GPT2Config& config, const c10::Device& device) {
-  namespace pl = gpt2p::pipeline;
-  struct Pick {
-    int dp, pp;
-    pl::PlanRow row;
-    double allreduce_s, step_s;
-  };
-  std::vector<Pick> picks;
-  nlohmann::json rows = nlohmann::json::array();
-  std::printf("# hybrid: %d GPU(s) as D replicas x P pipeline ranks, global batch %lld x %lld\n",
-              f.gpus, static_cast<long long>(f.spec.batch_size),
-              static_cast<long long>(f.spec.seq_len));
-  for (int dp = 1; dp <= f.gpus; ++dp) {
-    if (f.gpus % dp != 0) continue;
-    const int pp = f.gpus / dp;
-    std::string skip;
-    const pl::PlanSpec spec = hybrid_spec(f, dp, skip);
-    if (!skip.empty()) {
-      std::printf("# D=%d x P=%d: skipped (%s)\n", dp, pp, skip.c_str());
-      continue;
-    }
-    const pl::Plan plan = pl::make_plan(config, spec, device);
-    const pl::PlanRow* best = nullptr;
-    for (const auto& r : plan.rows) {
-      if (best == nullptr || r.step_s < best->step_s) best = &r;
-    }
-    if (best == nullptr) continue;
-    const double bytes = busiest_rank_gradient_bytes(config, best->split, pp);
-    const double allreduce = dp == 1 ? 0.0 : 2.0 * (dp - 1) / dp * bytes / (f.allreduce_gbs * 1e9);
-    picks.push_back({dp, pp, *best, allreduce, best->step_s + allreduce});
-  }
-  // parse_flags refused a --gpus without a split that has a plan; this is only a safety net.
-  GPT2P_CHECK(!picks.empty(), "pp_plan: no D x P split of " << f.gpus << " GPUs gave a plan",
-              "change --gpus, --batch-size or --stages-per-rank");
-  std::sort(picks.begin(), picks.end(),
-            [](const Pick& a, const Pick& b) { return a.step_s < b.step_s; });
-  const double tokens = static_cast<double>(f.spec.batch_size * f.spec.seq_len);
-  if (!picks.empty()) std::printf("%s\n", memory_note(f, picks.front().row).c_str());
-  std::printf("%3s %3s %-18s %2s %4s %-9s %10s %12s %10s %10s %9s\n", "D", "P", "schedule", "V",
-              "M", "partition", "pipe_ms", "allreduce_ms", "step_ms", "tok/s", "peak_GiB");
-  for (const auto& p : picks) {
-    const std::string schedule =
-        p.row.schedule == "model_parallel" ? "mp" : p.row.schedule + zb_tag(p.row);
-    std::printf("%3d %3d %-18s %2d %4d %-9s %10.3f %12.3f %10.3f %10.0f %9.3f\n", p.dp, p.pp,
-                schedule.c_str(), p.row.stages_per_rank, p.row.microbatches,
-                gpt2p::name_string(p.row.partition).c_str(), 1e3 * p.row.step_s,
-                1e3 * p.allreduce_s, 1e3 * p.step_s, tokens / p.step_s, peak_gib(p.row));
-    rows.push_back({{"dp", p.dp},
-                    {"pp", p.pp},
-                    {"schedule", p.row.schedule},
-                    {"stages_per_rank", p.row.stages_per_rank},
-                    {"zero_bubble", p.row.zero_bubble},
-                    {"microbatches", p.row.microbatches},
-                    {"partition", gpt2p::name_string(p.row.partition)},
-                    {"split", p.row.split},
-                    {"pipeline_step_s", p.row.step_s},
-                    {"allreduce_s", p.allreduce_s},
-                    {"step_s", p.step_s},
-                    {"tokens_per_s", tokens / p.step_s},
-                    {"peak_memory_bytes", p.row.peak_memory_bytes},
-                    {"peak_memory_measured", p.row.peak_memory_measured}});
-  }
-  if (!picks.empty()) {
-    const auto& p = picks.front();
-    const std::string schedule = p.row.schedule == "model_parallel" ? "1f1b" : p.row.schedule;
-    std::printf(
-        "# pick on %d GPU(s): mpirun -np %d pp_train --dp %d --partition %s --schedule %s"
-        "%s%s --microbatches %d: %.3f ms per step, %.0f tokens/s\n",
-        f.gpus, f.gpus, p.dp, gpt2p::name_string(p.row.partition).c_str(), schedule.c_str(),
-        p.row.stages_per_rank > 1
-            ? (" --stages-per-rank " + std::to_string(p.row.stages_per_rank)).c_str()
-            : "",
-        (std::string(p.row.zero_bubble ? " --zero-bubble" : "") + recompute_flag(f) +
-         (f.spec.zero == 1 && p.dp > 1 ? " --zero 1" : ""))
-            .c_str(),
-        p.row.microbatches, 1e3 * p.step_s, tokens / p.step_s);
-  }
-  if (!f.json_out.empty()) {
-    nlohmann::json doc{{"program", "pp_plan"},
-                       {"model", gpt2p::model::describe(config)},
-                       {"gpus", f.gpus},
-                       {"batch_size", f.spec.batch_size},
-                       {"seq_len", f.spec.seq_len},
-                       {"precision", gpt2p::name_string(f.precision)},
-                       {"link_gbs", f.spec.link_gbs},
-                       {"allreduce_gbs", f.allreduce_gbs},
-                       {"loss_fraction", f.spec.loss_fraction},
-                       {"recompute", gpt2p::name_string(f.spec.recompute)},
-                       {"zero", f.spec.zero},
-                       {"hybrid", rows}};
-    gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
-  }
-  return 0;
-}
-
 int run(Flags f) {
   namespace pl = gpt2p::pipeline;
   f.spec.loss_fraction = loss_fraction(f);
@@ -448,85 +242,21 @@ int run(Flags f) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::fprintf(stderr, "pp_plan: %s on %s (%.0f s so far)\n", what.c_str(), where.c_str(), s);
   };
-  if (f.gpus > 0) return run_hybrid(f, config, device);
-  const pl::Plan plan = pl::make_plan(config, f.spec, device);
-  // parse_flags refused the requests without rows; this is only a safety net.
-  GPT2P_CHECK(!plan.rows.empty(), "pp_plan: no plan for --stages " << f.spec.stages,
-              "change --stages, --stages-per-rank or --microbatches");
-
-  std::printf(
-      "# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
-      gpt2p::model::describe(config).c_str(), f.spec.stages,
-      static_cast<long long>(f.spec.batch_size), static_cast<long long>(f.spec.seq_len),
-      gpt2p::name_string(f.precision).c_str(), where.c_str(), f.spec.loss_fraction);
-  std::printf("# layer times, ms per micro-batch (forward + backward)\n");
-  std::printf("# (stage: what a stage's forward + backward call costs beyond its layers)\n");
-  std::printf("# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head",
-              "head/block", "stage");
-  for (auto it = plan.times.rbegin(); it != plan.times.rend(); ++it) {
-    const auto& t = it->second;
-    std::printf("# %6lld %10.3f %10.3f %10.3f %11.2f %10.3f\n", static_cast<long long>(it->first),
-                1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head, t.head / t.block, 1e3 * t.stage);
+  nlohmann::json doc;
+  if (f.gpus > 0) {
+    pl::print_hybrid_header(stdout, f.gpus, f.spec);
+    const pl::HybridPlan hybrid = pl::plan_hybrid(config, f.spec, f.gpus, f.allreduce_gbs, device);
+    pl::print_hybrid(stdout, hybrid, f.spec);
+    if (!f.json_out.empty()) doc = pl::hybrid_document(hybrid, f.spec, config);
+  } else {
+    const pl::Plan plan = pl::make_plan(config, f.spec, device);
+    // parse_flags refused the requests without rows; this is only a safety net.
+    GPT2P_CHECK(!plan.rows.empty(), "pp_plan: no plan for --stages " << f.spec.stages,
+                "change --stages, --stages-per-rank or --microbatches");
+    pl::print_plan(stdout, plan, f.spec, config, where);
+    if (!f.json_out.empty()) doc = pl::plan_document(plan, f.spec, config, where);
   }
-  for (const auto& note : plan.notes) std::printf("# %s\n", note.c_str());
-  if (!plan.rows.empty()) std::printf("%s\n", memory_note(f, plan.rows.front()).c_str());
-  std::printf("%-9s %-24s %-18s %2s %4s %5s %10s %8s %7s %7s %9s\n", "partition", "split",
-              "schedule", "V", "M", "rows", "step_ms", "speedup", "ideal", "idle", "peak_GiB");
-  for (const auto& r : plan.rows) {
-    const std::string schedule = r.schedule == "model_parallel" ? "mp" : r.schedule + zb_tag(r);
-    std::printf("%-9s %-24s %-18s %2d %4d %5lld %10.3f %7.2fx %6.2fx %6.1f%% %9.3f\n",
-                gpt2p::name_string(r.partition).c_str(), r.split.c_str(), schedule.c_str(),
-                r.stages_per_rank, r.microbatches,
-                static_cast<long long>(f.spec.batch_size / r.microbatches), 1e3 * r.step_s,
-                r.speedup, r.ideal, 100.0 * r.idle, peak_gib(r));
-  }
-  // A pipeline of P stages is at most P times as fast as model parallelism, which runs the same
-  // stages one after another: a prediction above that comes from layer times that are cheaper per
-  // row at small micro-batches (caches, on a CPU), not from the schedule.
-  for (const auto& r : plan.rows) {
-    if (r.schedule == "model_parallel" || r.speedup <= f.spec.stages * 1.05) continue;
-    std::printf(
-        "# warning: a predicted speed-up (%.2fx, %s M=%d) exceeds the %d stages' bound of %dx: the "
-        "layer times per row fall at small micro-batches on %s, so the speed-ups here overstate "
-        "what pp_train gets; time the plan on the device that trains\n",
-        r.speedup, r.schedule.c_str(), r.microbatches, f.spec.stages, f.spec.stages, where.c_str());
-    break;
-  }
-  // The fastest pipeline plan (the model_parallel rows are the baseline).
-  const pl::PlanRow* best = nullptr;
-  for (const auto& r : plan.rows) {
-    if (r.schedule != "model_parallel" && (best == nullptr || r.step_s < best->step_s)) best = &r;
-  }
-  if (best != nullptr) {
-    const std::string extra =
-        (best->stages_per_rank > 1 ? " --stages-per-rank " + std::to_string(best->stages_per_rank)
-                                   : std::string()) +
-        (best->zero_bubble ? " --zero-bubble" : "") +
-        (best->zero_bubble && best->zb_extra_live != 0
-             ? " --zb-extra-live " + std::to_string(best->zb_extra_live)
-             : std::string()) +
-        recompute_flag(f);
-    std::printf(
-        "# fastest: pp_train --partition %s --schedule %s%s --microbatches %d: %.3f ms, "
-        "%.2fx model_parallel\n",
-        gpt2p::name_string(best->partition).c_str(), best->schedule.c_str(), extra.c_str(),
-        best->microbatches, 1e3 * best->step_s, best->speedup);
-  }
-  if (!f.json_out.empty()) {
-    nlohmann::json doc = pl::to_json(plan, static_cast<int>(config.n_layer));
-    doc.update({{"program", "pp_plan"},
-                {"model", gpt2p::model::describe(config)},
-                {"stages", f.spec.stages},
-                {"batch_size", f.spec.batch_size},
-                {"seq_len", f.spec.seq_len},
-                {"precision", gpt2p::name_string(f.precision)},
-                {"device", where},
-                {"link_gbs", f.spec.link_gbs},
-                {"loss_fraction", f.spec.loss_fraction},
-                {"recompute", gpt2p::name_string(f.spec.recompute)},
-                {"zero", f.spec.zero}});
-    gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
-  }
+  if (!f.json_out.empty()) gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   return 0;
 }
 

@@ -152,6 +152,33 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   return plan;
 }
 
+std::string why_no_plan(const PlanSpec& spec, int64_t n_layer) {
+  const int n = spec.stages;
+  if (n > n_layer) {
+    return std::to_string(n) + " pipeline ranks but the model has only " + std::to_string(n_layer) +
+           " blocks (every stage needs one)";
+  }
+  std::string why;
+  for (int v : spec.stages_per_rank) {
+    if (v == 1) return "";  // gpipe and 1f1b on any split into n <= n_layer stages
+    std::string reason = "V=" + std::to_string(v) + " stages per rank ";
+    const bool any_m = std::any_of(spec.microbatches.begin(), spec.microbatches.end(),
+                                   [n](int m) { return m % n == 0; });
+    if (n < 2) {
+      reason += "(interleaved 1F1B) needs P >= 2 pipeline ranks, not " + std::to_string(n);
+    } else if (static_cast<int64_t>(n) * v > n_layer) {
+      reason += "needs n_layer >= P x V = " + std::to_string(static_cast<int64_t>(n) * v) +
+                ", the model has " + std::to_string(n_layer);
+    } else if (!any_m) {
+      reason += "needs a micro-batch count M that is a multiple of P = " + std::to_string(n);
+    } else {
+      return "";
+    }
+    why += (why.empty() ? "" : "; ") + reason;
+  }
+  return why;
+}
+
 nlohmann::json to_json(const Plan& plan, int n_layer) {
   nlohmann::json costs = nlohmann::json::object(), overheads = nlohmann::json::object(),
                  kept = nlohmann::json::object();

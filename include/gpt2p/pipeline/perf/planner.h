@@ -82,6 +82,12 @@ struct Plan {
 // is predict_memory's for its schedule, from the profile's bytes at its micro-batch size.
 Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
 
+// Why make_plan gives no row at all for `spec` (its stages P, stages per rank V and micro-batch
+// counts M) on n_layer blocks, or "" when it gives some: make_plan's conditions, checked before
+// the layer profile (minutes on a GPU) so that a request with nothing to predict is refused with
+// its reason instead of printing an empty table.
+std::string why_no_plan(const PlanSpec& spec, int64_t n_layer);
+
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
 // "activation_bytes_by_rows": {"64": {embedding, block, block_recompute, head, stage_input,
 // measured}, ...}, "predictions": [{partition, split, schedule, stages_per_rank, zero_bubble,
