@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -64,9 +63,7 @@ struct Decoder {
 std::string vocab_dir_for(const GenerateOptions& o, const gpt2p::model::ModelDir& loaded) {
   if (!o.vocab_dir.empty()) return o.vocab_dir;
   const std::string recorded = gpt2p::model::recorded_vocab_dir(loaded);
-  if (!recorded.empty()) return recorded;
-  const char* env = std::getenv("GPT2P_VOCAB_DIR");
-  return env != nullptr && *env != '\0' ? env : ".cache/gpt2-vocab";
+  return !recorded.empty() ? recorded : gpt2p::data::default_vocab_dir();
 }
 
 // The sequence limit: --max-len, else the training run's --seq-len (positions past it were never

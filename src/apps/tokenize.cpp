@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <climits>
-#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -18,11 +17,6 @@
 #include "gpt2p/io/json_input.h"
 
 namespace {
-
-std::string default_vocab_dir() {
-  const char* env = std::getenv("GPT2P_VOCAB_DIR");
-  return env != nullptr && *env != '\0' ? env : "./.cache/gpt2-vocab";
-}
 
 // The value of `key` in a JSON-object line, with errors naming the line.
 nlohmann::json field(const std::string& line, long line_no, const char* key) {
@@ -44,9 +38,9 @@ int main(int argc, char** argv) {
         po::options_description desc("options");
         std::string vocab_dir;
         desc.add_options()(
-            "vocab-dir", po::value(&vocab_dir)->default_value(default_vocab_dir()),
+            "vocab-dir", po::value(&vocab_dir)->default_value(gpt2p::data::default_vocab_dir()),
             "directory with encoder.json + vocab.bpe or vocab.json + merges.txt (default: "
-            "$GPT2P_VOCAB_DIR, else ./.cache/gpt2-vocab)")(
+            "$GPT2P_VOCAB_DIR, else .cache/gpt2-vocab)")(
             "decode", po::bool_switch(),
             "read {\"ids\": [...]} lines, write {\"text\": ...} lines")(
             "specials", po::bool_switch(),

@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -348,6 +349,11 @@ int32_t BpeTokenizer::base_vocab_size() const {
 }
 
 std::string BpeTokenizer::identity() const { return vocab_->identity; }
+
+std::string default_vocab_dir() {
+  const char* env = std::getenv("GPT2P_VOCAB_DIR");
+  return env != nullptr && *env != '\0' ? env : ".cache/gpt2-vocab";
+}
 
 std::vector<std::string> gpt2_pretokenize(const std::string& utf8_text) {
   std::vector<std::string> pieces;

@@ -265,6 +265,19 @@ TEST(BpeTokenizer, CacheAndThreadsDoNotChangeResults) {
 }
 
 // The tokenize program sits in the build directory, one level above this test binary.
+// The programs' default vocabulary: $GPT2P_VOCAB_DIR unless it is empty or unset.
+TEST(BpeTokenizer, DefaultVocabDirIsTheEnvironmentsElseTheCache) {
+  const char* was = std::getenv("GPT2P_VOCAB_DIR");
+  const std::string saved = was != nullptr ? was : "";
+  ::setenv("GPT2P_VOCAB_DIR", "/somewhere/vocab", 1);
+  EXPECT_EQ(default_vocab_dir(), "/somewhere/vocab");
+  ::setenv("GPT2P_VOCAB_DIR", "", 1);
+  EXPECT_EQ(default_vocab_dir(), ".cache/gpt2-vocab");
+  ::unsetenv("GPT2P_VOCAB_DIR");
+  EXPECT_EQ(default_vocab_dir(), ".cache/gpt2-vocab");
+  if (was != nullptr) ::setenv("GPT2P_VOCAB_DIR", saved.c_str(), 1);
+}
+
 std::string tokenize_binary() {
   return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "tokenize").string();
 }

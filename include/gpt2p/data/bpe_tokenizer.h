@@ -63,6 +63,10 @@ class BpeTokenizer {
   std::vector<std::string> added_;                         // text of ids base_vocab_size() + i
 };
 
+// The vocabulary the programs read unless given --vocab-dir: $GPT2P_VOCAB_DIR when set and not
+// empty, else .cache/gpt2-vocab (relative to the working directory; scripts/setup fetches it).
+std::string default_vocab_dir();
+
 // Splits `utf8_text` by GPT-2's pre-tokenizer regex into pieces (exposed for tests and tools).
 std::vector<std::string> gpt2_pretokenize(const std::string& utf8_text);
 

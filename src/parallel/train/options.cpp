@@ -1,9 +1,9 @@
 #include "gpt2p/parallel/train/options.h"
 
 #include <cmath>
-#include <cstdlib>
 
 #include "gpt2p/cli/options.h"
+#include "gpt2p/data/bpe_tokenizer.h"
 
 namespace gpt2p::parallel {
 
@@ -41,10 +41,7 @@ void resolve_train_config(TrainConfig& c, Program program, bool cuda_available) 
   if (c.optim.epochs < 0) c.optim.epochs = gpu ? 10 : 2;
   if (c.optim.batch_size < 0) c.optim.batch_size = gpu ? 128 : 16;
   if (c.optim.seq_len < 0) c.optim.seq_len = gpu ? 128 : 32;
-  if (c.data.vocab_dir.empty()) {
-    const char* env = std::getenv("GPT2P_VOCAB_DIR");
-    c.data.vocab_dir = env != nullptr && *env != '\0' ? env : ".cache/gpt2-vocab";
-  }
+  if (c.data.vocab_dir.empty()) c.data.vocab_dir = data::default_vocab_dir();
   if (c.output.out.empty()) c.output.out = std::string("runs/") + program_name(program);
   require(c.optim.epochs > 0, "--epochs must be positive");
   require(c.optim.batch_size > 0, "--batch-size must be positive");
