@@ -170,11 +170,7 @@ void run_prompt(const Decoder& s, const GenerateOptions& o) {
   if (o.max_new == 0) decoding.max_new = 100;
   const auto logits = [&s](const torch::Tensor& t) { return s.logits(t); };
   const auto out = gpt2p::model::generate(logits, prompt, decoding, s.device);
-  std::vector<int32_t> text;
-  for (const int64_t t : out.tokens) {
-    if (t < s.tokenizer.base_vocab_size()) text.push_back(static_cast<int32_t>(t));
-  }
-  const std::string continuation = s.tokenizer.decode(text);
+  const std::string continuation = s.tokenizer.decode_without_added(out.tokens);
   if (o.json) {
     print_json({{"prompt", o.prompt},
                 {"continuation", continuation},

@@ -311,6 +311,14 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   return utf8_replace_invalid(bytes);
 }
 
+std::string BpeTokenizer::decode_without_added(const std::vector<int64_t>& ids) const {
+  std::vector<int32_t> text;
+  for (const int64_t id : ids) {
+    if (id < base_vocab_size()) text.push_back(static_cast<int32_t>(id));
+  }
+  return decode(text);
+}
+
 int32_t BpeTokenizer::add_special_token(const std::string& token) {
   GPT2P_CHECK(!token.empty(), "a special token cannot be empty", "pass its text, e.g. \"<|pad|>\"");
   for (const auto& s : specials_) {

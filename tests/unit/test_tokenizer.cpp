@@ -148,6 +148,8 @@ TEST(BpeTokenizer, SpecialTokens) {
   const auto ids = tok.encode_with_specials("a<|pad|>b<|endoftext|><|sep|>");
   EXPECT_THAT(ids, ElementsAre(64, 50257, 65, 50256, 50258));
   EXPECT_EQ(tok.decode(ids), "a<|pad|>b<|endoftext|><|sep|>");
+  // A model's output: the added specials are dropped, the vocabulary's own <|endoftext|> is text.
+  EXPECT_EQ(tok.decode_without_added({64, 50257, 65, 50256, 50258}), "ab<|endoftext|>");
   // leftmost first, then longest
   EXPECT_EQ(tok.add_special_token("<|pad|>x"), 50259);
   EXPECT_THAT(tok.encode_with_specials("<|pad|>x<|pad|>"), ElementsAre(50259, 50257));

@@ -35,6 +35,10 @@ class BpeTokenizer {
   // Specials decode to their text; byte sequences that are not valid UTF-8 become U+FFFD (as
   // Hugging Face's errors="replace"). Throws gpt2p::Error for an id outside [0, vocab_size()).
   std::string decode(const std::vector<int32_t>& ids) const;
+  // A model's output as text: ids from base_vocab_size() up (the added specials, such as
+  // special_tokens.h's <eos_de> and <eos_en>, and any past the vocabulary) are not text and are
+  // dropped; the rest decodes as by decode().
+  std::string decode_without_added(const std::vector<int64_t>& ids) const;
 
   // Registers a special token with the next free id (base_vocab_size(), +1, ...). Idempotent: a
   // token registered before (or a special of the vocabulary) returns its id.

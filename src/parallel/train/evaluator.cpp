@@ -96,12 +96,7 @@ SentenceTranslation translate_ids(const LogitsFn& logits, const std::vector<int3
   }
   decoding.stop_token = special.eos_en;
   const auto generated = model::generate(logits, ids, decoding, device);
-  std::vector<int32_t> text;
-  for (const int64_t t : generated.tokens) {
-    // Specials (and anything past GPT-2's vocabulary) are not text.
-    if (t < tokenizer.base_vocab_size()) text.push_back(static_cast<int32_t>(t));
-  }
-  out.text = tokenizer.decode(text);
+  out.text = tokenizer.decode_without_added(generated.tokens);
   out.tokens = static_cast<int64_t>(generated.tokens.size());
   out.reason = generated.reason;
   return out;
