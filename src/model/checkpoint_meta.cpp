@@ -145,6 +145,13 @@ void verify_checkpoint(const std::string& dir, const LoadOptions& options) {
   }
 }
 
+CheckpointKind checkpoint_kind(const std::string& dir) {
+  std::error_code ec;  // a folder that cannot be looked into holds neither
+  if (fs::is_regular_file(fs::path(dir) / kMetaFile, ec)) return CheckpointKind::kReplicated;
+  if (fs::is_regular_file(fs::path(dir) / kManifestFile, ec)) return CheckpointKind::kPipeline;
+  return CheckpointKind::kNone;
+}
+
 bool is_checkpoint_dir(const std::string& dir) {
   const fs::path path = fs::path(dir) / kMetaFile;
   if (!fs::is_regular_file(path)) return false;

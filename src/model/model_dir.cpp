@@ -68,7 +68,10 @@ GPT2 join_stages(const std::string& dir, const LoadOptions& options) {
 
 ModelDir load_model_dir(const std::string& dir, const LoadOptions& options) {
   ModelDir out;
-  if (is_checkpoint_dir(dir)) {
+  const CheckpointKind kind = checkpoint_kind(dir);
+  // is_checkpoint_dir also reads meta.json's format: a Hugging Face folder that happens to hold
+  // another program's meta.json stays a Hugging Face folder.
+  if (kind == CheckpointKind::kReplicated && is_checkpoint_dir(dir)) {
     out.model = load_model(dir, options);
     out.kind = "checkpoint";
     GPT2P_CHECK(out.model->is_full(),
@@ -77,7 +80,7 @@ ModelDir load_model_dir(const std::string& dir, const LoadOptions& options) {
                 "pass the pipeline checkpoint's root (the folder holding manifest.json and "
                 "stage<s>/): its stages are joined");
     out.run_config = read_train_state(dir).config;
-  } else if (fs::exists(fs::path(dir) / "manifest.json")) {
+  } else if (kind == CheckpointKind::kPipeline) {
     out.model = join_stages(dir, options);
     out.kind = "pipeline checkpoint";
     out.run_config = read_train_state(dir + "/stage0").config;

@@ -682,6 +682,21 @@ TEST(CheckpointManifest, WrittenLastItMarksAMultiPartCheckpointAsCommitted) {
   EXPECT_EQ(dir.entries(), 1);
 }
 
+// The kind is told by the root file alone: meta.json, else manifest.json, else none.
+TEST(CheckpointKind, TheRootFileSaysWhichTrainerWroteIt) {
+  TempDir dir;
+  const std::string root = dir / "set";
+  EXPECT_EQ(checkpoint_kind(root), CheckpointKind::kNone);  // not there
+  fs::create_directories(root);
+  save_checkpoint(root + "/stage0", *GPT2(tiny_config(), LayerRange{0, 2}), nullptr, TrainState{});
+  EXPECT_EQ(checkpoint_kind(root), CheckpointKind::kNone);  // not committed
+  EXPECT_EQ(checkpoint_kind(root + "/stage0"), CheckpointKind::kReplicated);
+  write_checkpoint_manifest(root, {{"stages", 1}});
+  EXPECT_EQ(checkpoint_kind(root), CheckpointKind::kPipeline);
+  fs::create_directories(dir / "odd/meta.json");  // a folder of that name is no root file
+  EXPECT_EQ(checkpoint_kind(dir / "odd"), CheckpointKind::kNone);
+}
+
 // gpt2_eval sits in the build directory, one level above this test binary.
 std::string eval_binary() {
   return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "gpt2_eval").string();

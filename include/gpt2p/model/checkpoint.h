@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt2p/model/checkpoint_kind.h"
 #include "gpt2p/model/gpt2.h"
 
 namespace gpt2p::model {

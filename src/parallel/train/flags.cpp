@@ -4,6 +4,7 @@
 
 #include "gpt2p/cli/flag_table.h"
 #include "gpt2p/core/atomic_file.h"
+#include "gpt2p/model/checkpoint_kind.h"
 
 namespace gpt2p::parallel {
 
@@ -137,20 +138,18 @@ std::string run_config_of(const std::string& checkpoint) {
   if (dir.filename().empty()) dir = dir.parent_path();  // "runs/dp/checkpoint/"
   std::error_code ec;
   const fs::path file = dir.parent_path() / kRunConfigFile;
-  // dp_train's checkpoint has a meta.json, a pipeline's a manifest.json over its stages.
-  const bool checkpoint_here =
-      fs::is_regular_file(dir / "meta.json", ec) || fs::is_regular_file(dir / "manifest.json", ec);
+  const bool checkpoint_here = model::checkpoint_kind(dir.string()) != model::CheckpointKind::kNone;
   if (!checkpoint_here || !fs::is_regular_file(file, ec)) return "";
   return file.string();
 }
 
 void check_resume_program(const std::string& checkpoint, Program program) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const bool pipeline = fs::is_regular_file(fs::path(checkpoint) / "manifest.json", ec);
-  const bool replicated = fs::is_regular_file(fs::path(checkpoint) / "meta.json", ec);
-  const bool mine = program == Program::kPipeline ? !replicated : !pipeline;
-  if (mine) return;
+  using model::CheckpointKind;
+  const CheckpointKind kind = model::checkpoint_kind(checkpoint);
+  const CheckpointKind others =
+      program == Program::kPipeline ? CheckpointKind::kReplicated : CheckpointKind::kPipeline;
+  if (kind != others) return;
+  const bool pipeline = kind == CheckpointKind::kPipeline;
   const char* writer = pipeline ? "pp_train's (a pipeline's stages)" : "dp_train's or gpt2_train's";
   const char* other = pipeline ? "pp_train" : "dp_train";
   throw UsageError("--resume " + checkpoint + " is " + writer + " checkpoint, not " +
