@@ -27,6 +27,21 @@ gpt2p_test_data() {
   echo "FAIL: prepare_data"; tail "$2/prepare_data.log"; return 1
 }
 
+# The start of a tests/jobs/ script: sets $bin (BIN made absolute), $root (the repository, then
+# the working directory: the programs' defaults such as .cache/gpt2-vocab are relative to it),
+# $tmp (a new folder, removed on exit after CLEANUP, a command the trap runs first) and $data
+# (gpt2p_test_data). Returns 1 when BIN is no folder or the dataset cannot be made.
+#   gpt2p_job_test_start BIN ['CLEANUP']
+gpt2p_job_test_start() {
+  bin=$(cd "$1" && pwd) || return 1
+  root=$GPT2P_ROOT
+  cd "$root" || return 1
+  tmp=$(mktemp -d) || return 1
+  # shellcheck disable=SC2064  # CLEANUP and the rm see $tmp when the trap runs
+  trap "${2:+$2; }rm -rf \"\$tmp\"" EXIT
+  gpt2p_test_data "$bin" "$tmp"
+}
+
 # The device scripts' dataset: sets $data, preparing it once with $1/prepare_data (log in $2).
 gpt2p_device_data() {
   data=.cache/data/ding-gpt2.h5

@@ -10,14 +10,9 @@
 #   3. --prompt samples: the same seed gives the same text, another seed another.
 #   tests/jobs/generate_command.sh BIN_DIR
 set -uo pipefail
-bin=$(cd "$1" && pwd)
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 # shellcheck source=../../scripts/lib.sh
-source "$root/scripts/lib.sh"
-gpt2p_test_data "$bin" "$tmp" || exit 1
+source "$(dirname "$0")/../../scripts/lib.sh"
+gpt2p_job_test_start "$1" || exit 1
 flags=(--preset tiny --device cpu --max-train-pairs 64 --max-eval-pairs 16 --batch-size 16
        --seq-len 32 --data "$data" --epochs 1)
 fail=0

@@ -10,14 +10,10 @@
 #      validation figure printed for that epoch.
 #   tests/jobs/launch_stop.sh BIN_DIR
 set -uo pipefail
-bin=$(cd "$1" && pwd)
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"  # prepare_data finds the vocabulary in .cache/gpt2-vocab, as scripts/setup put it
-tmp=$(mktemp -d)
-trap 'pkill -9 -f "$tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
 # shellcheck source=../../scripts/lib.sh
-source "$root/scripts/lib.sh"
-gpt2p_test_data "$bin" "$tmp" || exit 1
+source "$(dirname "$0")/../../scripts/lib.sh"
+# shellcheck disable=SC2016  # $tmp expands when the exit trap runs
+gpt2p_job_test_start "$1" 'pkill -9 -f "$tmp/" 2>/dev/null' || exit 1
 flags=(--preset tiny --device cpu --max-train-pairs 128 --max-eval-pairs 32 --batch-size 16
        --seq-len 32 --data "$data" --epochs 1000 --log-every 1 --save-every -1
        --translate-samples 0)

@@ -5,14 +5,9 @@
 # and the log's tee, a child of mpirun as the ranks are, must survive it.
 #   tests/jobs/mpirun_stop.sh BIN_DIR
 set -uo pipefail
-bin=$(cd "$1" && pwd)
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"  # prepare_data finds the vocabulary in .cache/gpt2-vocab, as scripts/setup put it
-tmp=$(mktemp -d)
-trap 'pkill -9 -P $$ 2>/dev/null; rm -rf "$tmp"' EXIT
 # shellcheck source=../../scripts/lib.sh
-source "$root/scripts/lib.sh"
-gpt2p_test_data "$bin" "$tmp" || exit 1
+source "$(dirname "$0")/../../scripts/lib.sh"
+gpt2p_job_test_start "$1" 'pkill -9 -P $$ 2>/dev/null' || exit 1
 fail=0
 for prog in pp_train dp_train; do
   mkdir -p "$tmp/$prog"

@@ -15,14 +15,10 @@
 #   4. the finished run's last line names its folder and files, and its analysis command runs.
 #   tests/jobs/resume_command.sh BIN_DIR
 set -uo pipefail
-bin=$(cd "$1" && pwd)
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-tmp=$(mktemp -d)
-trap 'pkill -9 -f "$tmp/" 2>/dev/null; rm -rf "$tmp"' EXIT
 # shellcheck source=../../scripts/lib.sh
-source "$root/scripts/lib.sh"
-gpt2p_test_data "$bin" "$tmp" || exit 1
+source "$(dirname "$0")/../../scripts/lib.sh"
+# shellcheck disable=SC2016  # $tmp expands when the exit trap runs
+gpt2p_job_test_start "$1" 'pkill -9 -f "$tmp/" 2>/dev/null' || exit 1
 common=(--preset tiny --device cpu --max-train-pairs 64 --max-eval-pairs 16 --batch-size 16
         --seq-len 32 --data "$data" --log-every 1 --translate-samples 0 --save-every 1)
 set -m
