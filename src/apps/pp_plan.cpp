@@ -40,6 +40,7 @@ using gpt2p::cli::UsageError;
 
 struct Flags {
   gpt2p::model::Precision precision = gpt2p::model::Precision::kFp32;
+  gpt2p::model::Kernels kernels = gpt2p::model::Kernels::kAuto;
   gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kAuto;
   std::string json_out;
   int gpus = 0;                // > 0: predict every D x P split of this many GPUs
@@ -96,6 +97,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("batch-size", po::value(&s.batch_size)->default_value(s.batch_size), "global batch, sequences per step")
       ("seq-len", po::value(&s.seq_len)->default_value(s.seq_len), "tokens per sequence")
       ("precision", gpt2p::cli::named_value(f.precision, "precision"), "as pp_train's --precision")
+      ("kernels", gpt2p::cli::named_value(f.kernels, "kernels"), "as pp_train's --kernels: auto | fused | reference; the layers are timed on the path training runs")
       ("device", gpt2p::cli::named_value(f.device, "device"), "where the layers are timed (auto: cuda when built with CUDA and a GPU is present)")
       ("microbatches", po::value(&ms)->default_value(ms), "micro-batch counts M to predict, comma-separated (each must divide --batch-size)")
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
@@ -128,6 +130,10 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (f.device == DeviceKind::kCuda && !cuda)
     throw UsageError(
         "--device cuda: this build has no CUDA or no GPU is visible (pass --device cpu)");
+  if (f.kernels == gpt2p::model::Kernels::kFused && f.device != DeviceKind::kCuda)
+    throw UsageError(
+        "--kernels fused: the fused kernels run on a GPU only (pass --device cuda, or "
+        "--kernels auto or reference)");
   if (f.train.model.preset.empty())
     f.train.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
   s.precision = f.precision;
@@ -234,6 +240,12 @@ int run(Flags f) {
   gpt2p::model::check_precision(f.precision, device.is_cuda(),
                                 gpt2p::compat::compute_capability(device));
   gpt2p::compat::set_strict_fp32(f.precision == gpt2p::model::Precision::kFp32);
+  // The path pp_train would run with the same --kernels on this device.
+  gpt2p::model::KernelTarget target;
+  target.cuda_device = device.is_cuda();
+  target.capability = gpt2p::compat::compute_capability(device);
+  target.precision = f.precision;
+  f.spec.kernels = gpt2p::model::resolve_kernels(f.kernels, target);
   const std::string where = device.is_cuda() ? gpt2p::compat::device_name(device) : "cpu";
   // The layer timing takes minutes for GPT-2 124M on a CPU: say what runs, on stderr.
   const auto started = std::chrono::steady_clock::now();

@@ -240,6 +240,8 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto doc = nlohmann::json::parse(std::ifstream(json));
   EXPECT_EQ(doc["stages"], 2);
+  // --kernels auto on the CPU: the layers were timed on the reference path, as pp_train runs.
+  EXPECT_EQ(doc["kernels"], "reference");
   // The timing, the slow part, is announced on stderr one micro-batch size at a time.
   std::ifstream err(dir / "err.txt");
   const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
@@ -265,6 +267,7 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   std::ifstream out(dir / "out.txt");
   const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("# fastest: pp_train --partition "), std::string::npos) << text;
+  EXPECT_NE(text.find(", reference kernels, "), std::string::npos) << text;
 }
 
 // --gpus 4: every D x P = 4 the model allows (4 blocks: 4 x 1, 2 x 2, 1 x 4), each at its fastest

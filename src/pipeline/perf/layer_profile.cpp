@@ -19,8 +19,8 @@ class Part {
  public:
   Part(const model::GPT2Config& config, model::LayerRange range, int64_t rows, int64_t seq_len,
        torch::ScalarType autocast, const torch::Device& device, double loss_fraction,
-       model::Recompute recompute = model::Recompute::kNone)
-      : layers_(config, range), stage_(init(layers_, device, recompute), 1, autocast) {
+       model::Kernels kernels, model::Recompute recompute = model::Recompute::kNone)
+      : layers_(config, range), stage_(init(layers_, device, kernels, recompute), 1, autocast) {
     const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
     StageBatch batch;
     batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
@@ -48,11 +48,12 @@ class Part {
   void iteration() { backward(forward()); }
 
  private:
-  static model::GPT2 init(model::GPT2 layers, const torch::Device& device,
+  static model::GPT2 init(model::GPT2 layers, const torch::Device& device, model::Kernels kernels,
                           model::Recompute recompute) {
     layers->reset_parameters(/*seed=*/1);
     layers->to(device);
     layers->train();
+    layers->set_kernels(kernels);
     layers->set_recompute(recompute);
     return layers;
   }
@@ -98,7 +99,8 @@ double kept_bytes(Part& part, const torch::Device& device) {
 
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                torch::ScalarType autocast, const c10::Device& device, int warmup,
-                               int reps, int rounds, double loss_fraction, bool measure_memory) {
+                               int reps, int rounds, double loss_fraction, bool measure_memory,
+                               model::Kernels kernels) {
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
               "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
                                                  << ", reps " << reps << ", rounds " << rounds
@@ -112,7 +114,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   ActivationBytes kept = estimate_activation_bytes(config, micro_rows, seq_len,
                                                    autocast != torch::kFloat32, loss_fraction);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {
-    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction);
+    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction, kernels);
     const double seconds = time_part(part, device, warmup, reps, rounds);
     if (count && bytes != nullptr) *bytes = kept_bytes(part, device);
     return seconds;
@@ -120,7 +122,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   const double one = time(1, 2, &kept.block), embedding = time(0, 1, &kept.embedding),
                head = time(L + 1, L + 2, &kept.head);
   if (count) {
-    Part part(config, {1, 2}, micro_rows, seq_len, autocast, device, loss_fraction,
+    Part part(config, {1, 2}, micro_rows, seq_len, autocast, device, loss_fraction, kernels,
               model::Recompute::kBlocks);
     part.iteration();  // the first backward makes the gradients, which are no activations
     kept.block_recompute = kept_bytes(part, device);

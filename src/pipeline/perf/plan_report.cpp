@@ -45,10 +45,12 @@ std::string memory_note(const PlanSpec& spec, const PlanRow& r) {
 void print_plan(std::FILE* out, const Plan& plan, const PlanSpec& spec,
                 const model::GPT2Config& config, const std::string& device) {
   std::fprintf(
-      out, "# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, loss at %.3f of positions\n",
+      out,
+      "# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, %s kernels, loss at %.3f of "
+      "positions\n",
       model::describe(config).c_str(), spec.stages, static_cast<long long>(spec.batch_size),
       static_cast<long long>(spec.seq_len), name_string(spec.precision).c_str(), device.c_str(),
-      spec.loss_fraction);
+      name_string(spec.kernels).c_str(), spec.loss_fraction);
   std::fprintf(out, "# layer times, ms per micro-batch (forward + backward)\n");
   std::fprintf(out, "# (stage: what a stage's forward + backward call costs beyond its layers)\n");
   std::fprintf(out, "# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head",
@@ -115,6 +117,7 @@ nlohmann::json plan_document(const Plan& plan, const PlanSpec& spec,
               {"batch_size", spec.batch_size},
               {"seq_len", spec.seq_len},
               {"precision", name_string(spec.precision)},
+              {"kernels", name_string(spec.kernels)},
               {"device", device},
               {"link_gbs", spec.link_gbs},
               {"loss_fraction", spec.loss_fraction},
@@ -125,8 +128,10 @@ nlohmann::json plan_document(const Plan& plan, const PlanSpec& spec,
 
 void print_hybrid_header(std::FILE* out, int gpus, const PlanSpec& spec) {
   std::fprintf(out,
-               "# hybrid: %d GPU(s) as D replicas x P pipeline ranks, global batch %lld x %lld\n",
-               gpus, static_cast<long long>(spec.batch_size), static_cast<long long>(spec.seq_len));
+               "# hybrid: %d GPU(s) as D replicas x P pipeline ranks, global batch %lld x %lld, %s "
+               "kernels\n",
+               gpus, static_cast<long long>(spec.batch_size), static_cast<long long>(spec.seq_len),
+               name_string(spec.kernels).c_str());
 }
 
 void print_hybrid(std::FILE* out, const HybridPlan& hybrid, const PlanSpec& spec) {
@@ -188,6 +193,7 @@ nlohmann::json hybrid_document(const HybridPlan& hybrid, const PlanSpec& spec,
           {"batch_size", spec.batch_size},
           {"seq_len", spec.seq_len},
           {"precision", name_string(spec.precision)},
+          {"kernels", name_string(spec.kernels)},
           {"link_gbs", spec.link_gbs},
           {"allreduce_gbs", hybrid.allreduce_gbs},
           {"loss_fraction", spec.loss_fraction},

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpt2p/model/config.h"
+#include "gpt2p/model/options.h"
 #include "gpt2p/pipeline/perf/memory.h"
 
 namespace gpt2p::pipeline {
@@ -56,10 +57,14 @@ struct LayerTimes {
 // once built with Recompute::kBlocks. The stage input is its shape in fp32. Elsewhere, or with
 // measure_memory false (a trainer that needs only the times), they are
 // estimate_activation_bytes's.
+//
+// `kernels` (resolved: kFused or kReference) is the path the parts run, as the trainers' --kernels:
+// the times are those of the code a training step runs.
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                c10::ScalarType autocast, const c10::Device& device, int warmup = 2,
                                int reps = 5, int rounds = 3, double loss_fraction = 1.0,
-                               bool measure_memory = true);
+                               bool measure_memory = true,
+                               model::Kernels kernels = model::Kernels::kReference);
 
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);

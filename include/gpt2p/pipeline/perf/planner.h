@@ -25,7 +25,9 @@ struct PlanSpec {
   int64_t batch_size = 64;  // sequences per step (global)
   int64_t seq_len = 128;
   model::Precision precision = model::Precision::kFp32;  // as pp_train --precision
-  std::vector<int> microbatches{1, 2, 4, 8, 16};         // each divides batch_size
+  // The layers' code path, resolved (kFused or kReference) as pp_train resolves its --kernels.
+  model::Kernels kernels = model::Kernels::kReference;
+  std::vector<int> microbatches{1, 2, 4, 8, 16};  // each divides batch_size
   // Stages per rank V: 1 predicts gpipe and 1f1b, V >= 2 the interleaved schedule on stages x V
   // stages (for each M that is a multiple of `stages`).
   std::vector<int> stages_per_rank{1, 2};
