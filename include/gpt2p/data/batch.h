@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "gpt2p/data/dataset_file.h"
 #include "gpt2p/data/special_tokens.h"
+#include "gpt2p/data/split.h"
 
 namespace gpt2p::data {
 
