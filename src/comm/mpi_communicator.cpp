@@ -1,143 +1,22 @@
 #include "gpt2p/comm/mpi_communicator.h"
 
-#include <algorithm>
 #include <array>
-#include <exception>
-#include <functional>
 #include <utility>
 
 #include "gpt2p/core/error.h"
+#include "mpi_work.h"
 
 namespace gpt2p::comm {
 namespace {
 
-// The MPI type that moves a dtype's bytes unchanged (bfloat16 travels as raw 16-bit words).
-MPI_Datatype wire_type(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32: return MPI_FLOAT;
-    case torch::kFloat64: return MPI_DOUBLE;
-    case torch::kInt32: return MPI_INT32_T;
-    case torch::kInt64: return MPI_INT64_T;
-    case torch::kBFloat16: return MPI_UINT16_T;
-    default:
-      GPT2P_FAIL("no MPI type for dtype " << dtype_name(t),
-                 "this is a bug: check_tensor let it through");
-  }
-}
-
-MPI_Op mpi_op(ReduceOp) { return MPI_SUM; }  // avg = sum, then divide by the world size
-
-// Calls f(element_offset, count) for consecutive pieces of at most `chunk` elements.
-template <class F>
-void for_chunks(int64_t numel, int64_t chunk, F&& f) {
-  for (int64_t offset = 0; offset < numel; offset += chunk) {
-    f(offset, static_cast<int>(std::min(chunk, numel - offset)));
-  }
-}
-
-char* at(const torch::Tensor& t, int64_t element) {
-  return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.element_size());
-}
-
-// What a wait names when it times out: "recv from rank 1 on 2 ranks".
-std::string describe_op(const char* op, int peer, int world) {
-  std::string s =
-      std::string(op) + (peer >= 0 ? (std::string(" with rank ") + std::to_string(peer)) : "");
-  return s + " (MPI, " + std::to_string(world) + " ranks)";
-}
-
-// Operation in flight: MPI requests, then `finish` (divide for avg, copy back into the caller's
-// tensor) once they are complete. Captured tensors stay alive until then.
-class MpiWork final : public Work {
- public:
-  struct Place {
-    const char* op;
-    int peer;  // -1 for collectives
-    int world;
-    std::chrono::milliseconds timeout;
-  };
-  MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, Place place)
-      : requests_(std::move(requests)), finish_(std::move(finish)), place_(place) {}
-  ~MpiWork() override {
-    if (done_) return;
-    // Unwinding after an error (a timeout, most often) ends in MPI_Abort: waiting here for a peer
-    // that may never come would only delay it. The requests and their buffers are left alive, so
-    // MPI never writes into freed memory.
-    if (std::uncaught_exceptions() > 0 || timed_out_) {
-      static_cast<void>(new Abandoned{std::move(requests_), std::move(finish_)});  // NOLINT
-      return;
-    }
-    // A Work dropped without wait() must not leave MPI writing into freed memory.
-    try {
-      wait();
-    } catch (...) {  // NOLINT(bugprone-empty-catch): never throw from a destructor
-    }
-  }
-  MpiWork(const MpiWork&) = delete;
-  MpiWork& operator=(const MpiWork&) = delete;
-
-  void wait() override {
-    if (done_) return;
-    timed_out_ = true;  // until wait_all returns
-    wait_all(requests_.data(), static_cast<int>(requests_.size()), place_.timeout,
-             [this] { return describe_op(place_.op, place_.peer, place_.world); });
-    timed_out_ = false;
-    done_ = true;
-    if (finish_) finish_();
-  }
-
-  bool is_completed() override {
-    if (done_) return true;
-    int flag = 0;
-    GPT2P_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
-                                MPI_STATUSES_IGNORE));
-    if (flag != 0) wait();  // requests are now MPI_REQUEST_NULL: this only runs finish
-    return done_;
-  }
-
- private:
-  std::vector<MPI_Request> requests_;
-  std::function<void()> finish_;
-  Place place_;
-  bool done_ = false;
-  bool timed_out_ = false;  // a wait threw: the peer may never come
-  struct Abandoned {
-    std::vector<MPI_Request> requests;
-    std::function<void()> keep_alive;
-  };
-};
-
-// A reduction's buffer: contiguous, in a dtype MPI can sum (bfloat16 -> float32), and the step
-// that brings the result back into the caller's tensor.
-struct Staged {
-  torch::Tensor buffer;
-  std::function<void()> finish;
-};
-
-// `host`: the tensor lives in CUDA memory, which goes through host memory.
-Staged stage_reduce(torch::Tensor& tensor, ReduceOp op, int world, bool host) {
-  Staged s;
-  bool copy_back = true;
-  const auto wire =
-      tensor.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : tensor.scalar_type();
-  if (host) {
-    s.buffer = tensor.to(torch::TensorOptions().device(torch::kCPU).dtype(wire)).contiguous();
-  } else if (wire != tensor.scalar_type()) {
-    s.buffer = tensor.to(wire).contiguous();
-  } else if (!tensor.is_contiguous()) {
-    s.buffer = tensor.contiguous();
-  } else {
-    s.buffer = tensor;
-    copy_back = false;
-  }
-  if (op == ReduceOp::kAvg || copy_back) {
-    s.finish = [tensor, buffer = s.buffer, op, world, copy_back]() mutable {
-      if (op == ReduceOp::kAvg) buffer.div_(world);
-      if (copy_back) tensor.copy_(buffer);
-    };
-  }
-  return s;
-}
+using mpi::at;
+using mpi::describe_op;
+using mpi::for_chunks;
+using mpi::mpi_op;
+using mpi::MpiWork;
+using mpi::stage_reduce;
+using mpi::Staged;
+using mpi::wire_type;
 
 }  // namespace
 
