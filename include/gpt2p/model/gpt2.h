@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 
+#include "gpt2p/model/block.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/deferred_linear.h"
 #include "gpt2p/model/lm_head_loss.h"
@@ -29,56 +30,6 @@ using pipeline::LayerRange;
 // The type `precision` autocasts to (compat::AutocastGuard): torch::kBFloat16 for bf16,
 // torch::kHalf for fp16, torch::kFloat32 (no autocast) for fp32 and tf32.
 torch::ScalarType autocast_type(Precision precision);
-
-class CausalSelfAttentionImpl : public torch::nn::Module {
- public:
-  explicit CausalSelfAttentionImpl(const GPT2Config& config);
-  torch::Tensor forward(const torch::Tensor& x);
-
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
-  std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
-  Kernels kernels = Kernels::kReference;          // kFused: kernels::linear under bf16 autocast
-
- private:
-  int64_t n_head_;
-  double dropout_;
-  torch::nn::Dropout resid_dropout_{nullptr};
-};
-TORCH_MODULE(CausalSelfAttention);
-
-class MLPImpl : public torch::nn::Module {
- public:
-  explicit MLPImpl(const GPT2Config& config);
-  torch::Tensor forward(const torch::Tensor& x);
-
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
-  std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
-  Kernels kernels = Kernels::kReference;          // kFused: kernels::linear under bf16 autocast
-
- private:
-  torch::nn::Dropout dropout_{nullptr};
-};
-TORCH_MODULE(MLP);
-
-// Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
-class BlockImpl : public torch::nn::Module {
- public:
-  explicit BlockImpl(const GPT2Config& config);
-  torch::Tensor forward(const torch::Tensor& x);
-
-  // The same block with every residual add inside a LayerNorm kernel (kernels/fused_norm.h;
-  // CUDA): the block's input is residual + delta (delta undefined: residual alone), and it
-  // returns the next (residual, delta) pair, whose sum is forward()'s output. The LayerNorms'
-  // outputs are out_type (bf16 under autocast, what the linear layers take).
-  std::pair<torch::Tensor, torch::Tensor> forward_fused(const torch::Tensor& residual,
-                                                        const torch::Tensor& delta,
-                                                        torch::ScalarType out_type);
-
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
-  CausalSelfAttention attn{nullptr};
-  MLP mlp{nullptr};
-};
-TORCH_MODULE(Block);
 
 class GPT2Impl : public torch::nn::Module {
  public:
