@@ -35,6 +35,13 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
   return detail::lt_matmul(g, x.device());
 }
 
+void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
+                           torch::Tensor& db) {
+  if (linear_weight_grads(dy, x, dw, db)) return;
+  dw = dy.t().mm(x).to(torch::kFloat32);
+  db = dy.sum(0, /*keepdim=*/false, torch::kFloat32);
+}
+
 namespace {
 
 class FusedLinear : public torch::autograd::Function<FusedLinear> {
@@ -66,10 +73,7 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     const auto x2 = xc.reshape({-1, xc.size(-1)});
     const auto dx = dy.matmul(wc).to(x_dtype);
     torch::Tensor dw, db;
-    if (!linear_weight_grads(dy2, x2, dw, db)) {  // no cuBLASLt algorithm: the plain way
-      dw = dy2.t().mm(x2).to(torch::kFloat32);
-      db = dy2.sum(0, /*keepdim=*/false, torch::kFloat32);
-    }
+    weight_and_bias_grads(dy2, x2, dw, db);
     return {dx, dw.to(w_dtype), db.to(b_dtype)};
   }
 };

@@ -59,14 +59,6 @@ bool matmul_dgelu(const torch::Tensor& dy, const torch::Tensor& w, const torch::
 
 namespace {
 
-// The weight and bias gradients of y = x w^T + b from dy [n, out] and x [n, in], in float32.
-void weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
-                  torch::Tensor& db) {
-  if (linear_weight_grads(dy, x, dw, db)) return;
-  dw = dy.t().mm(x).to(torch::kFloat32);
-  db = dy.sum(0, /*keepdim=*/false, torch::kFloat32);
-}
-
 class FusedMlp : public torch::autograd::Function<FusedMlp> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -101,9 +93,9 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto dy = grads[0].to(h.scalar_type()).reshape({-1, wproj.size(0)}).contiguous();
     torch::Tensor dw_proj, db_proj, dw_fc, db_fc, dpre;
-    weight_grads(dy, h, dw_proj, db_proj);
+    weight_and_bias_grads(dy, h, dw_proj, db_proj);
     if (!matmul_dgelu(dy, wproj, pre, dpre)) dpre = at::gelu_backward(dy.mm(wproj), pre, "tanh");
-    weight_grads(dpre, x2, dw_fc, db_fc);
+    weight_and_bias_grads(dpre, x2, dw_fc, db_fc);
     auto shape = grads[0].sizes().vec();
     shape.back() = wfc.size(1);
     const auto dx = dpre.mm(wfc).to(x_dtype).view(shape);

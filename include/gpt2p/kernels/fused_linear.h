@@ -19,6 +19,11 @@ namespace gpt2p::kernels {
 bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
                          torch::Tensor& db);
 
+// The same gradients, from linear_weight_grads where cuBLASLt has an algorithm and from ATen's
+// matmul and sum otherwise: what a fused layer's backward calls.
+void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
+                           torch::Tensor& db);
+
 // x W^T + b, like torch::linear, in bfloat16 when autocast is on for x's device (as autocast's
 // linear) and in the weight's type otherwise; differentiable in x, weight and bias, with the
 // weight and bias gradients from linear_weight_grads. x [..., in], weight [out, in], bias [out].
