@@ -132,7 +132,7 @@ bool gelu_epilogue_enabled() {
   if (on < 0) {
     const char* v = std::getenv("GPT2P_GELU_EPILOGUE");
     int expected = -1;
-    gelu_epilogue.compare_exchange_strong(expected, v != nullptr && std::strcmp(v, "1") == 0);
+    gelu_epilogue.compare_exchange_strong(expected, v == nullptr || std::strcmp(v, "0") != 0);
     on = gelu_epilogue.load();
   }
   return on == 1;

@@ -140,6 +140,7 @@ TEST(FusedMlp, ModelBlocksAgreeWithThePlainMlp) {
   const auto input = torch::randn({4, 32, 64}, opts), up = torch::randn({4, 32, 64}, opts);
   compat::set_strict_fp32(true);
   torch::Tensor out[2], gin[2];
+  const bool was = kernels::gelu_epilogue_enabled();
   model::GPT2 models[2] = {model::GPT2(config, model::LayerRange{1, 3}),
                            model::GPT2(config, model::LayerRange{1, 3})};
   for (int i = 0; i < 2; ++i) {
@@ -155,7 +156,7 @@ TEST(FusedMlp, ModelBlocksAgreeWithThePlainMlp) {
     (out[i].to(torch::kFloat32) * up).sum().backward();
     gin[i] = x.grad();
   }
-  kernels::set_gelu_epilogue(false);
+  kernels::set_gelu_epilogue(was);
   EXPECT_LT(rel_diff(out[1], out[0]), 2e-2);
   EXPECT_LT(rel_diff(gin[1], gin[0]), 2e-2);
   const auto plain = models[0]->named_parameters(), fused = models[1]->named_parameters();
