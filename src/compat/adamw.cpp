@@ -85,6 +85,8 @@ bool FusedAdamW::fused_step() {
   }
   torch::NoGradGuard no_grad;
   size_t slot = 0;
+  stepped_.clear();
+  stepped_slots_.clear();
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
@@ -103,9 +105,12 @@ bool FusedAdamW::fused_step() {
         device_steps_.push_back(torch::empty({}, p.options().dtype(torch::kFloat32)));
         synced_steps_.push_back(-1);
       }
-      if (synced_steps_[slot] != st.step() || device_steps_[slot].device() != p.device()) {
+      if (device_steps_[slot].device() != p.device()) {
         device_steps_[slot] =
             torch::full({}, static_cast<float>(st.step()), p.options().dtype(torch::kFloat32));
+      } else if (synced_steps_[slot] != st.step()) {
+        // In place: a CUDA graph that captured a step keeps reading this tensor's memory.
+        device_steps_[slot].fill_(static_cast<double>(st.step()));
       }
       st.step(st.step() + 1);  // the device counts get their +1 below, before the kernel
       synced_steps_[slot] = st.step();
@@ -114,6 +119,8 @@ bool FusedAdamW::fused_step() {
       exp_avgs.push_back(st.exp_avg());
       exp_avg_sqs.push_back(st.exp_avg_sq());
       steps.push_back(device_steps_[slot]);
+      stepped_.push_back(p);
+      stepped_slots_.push_back(slot);
       ++slot;
     }
     if (params.empty()) continue;
@@ -128,6 +135,20 @@ bool FusedAdamW::fused_step() {
 #else
   return false;
 #endif
+}
+
+void FusedAdamW::count_replayed_step() {
+  GPT2P_CHECK(fused_, "a replayed optimizer step that was not fused",
+              "this is a bug: capture only a step that took the fused path");
+  using Key = typename std::decay_t<decltype(state_)>::key_type;
+  for (size_t i = 0; i < stepped_.size(); ++i) {
+    auto it = state_.find(state_key<Key>(stepped_[i]));
+    GPT2P_CHECK(it != state_.end(), "a replayed optimizer step over a parameter without state",
+                "this is a bug: the captured step created the state");
+    auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    st.step(st.step() + 1);
+    synced_steps_[stepped_slots_[i]] = st.step();
+  }
 }
 
 }  // namespace gpt2p::compat

@@ -227,8 +227,18 @@ void DeviceClock::mark(int i) {
               "clock mark " << i << " out of range", "this is a bug");
 #ifdef GPT2P_WITH_CUDA
   if (impl_->cuda) {
-    GPT2P_CHECK(cudaEventRecord(impl_->events[i], at::cuda::getCurrentCUDAStream()) == cudaSuccess,
-                "cudaEventRecord failed", "check the GPU is usable (nvidia-smi)");
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    // While a CUDA graph captures the stream (compat/cuda_graph.h) the mark becomes one of the
+    // graph's nodes: every replay records the event where the eager step would have.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    GPT2P_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
+                "cudaStreamIsCapturing failed", "check the GPU is usable (nvidia-smi)");
+    const cudaError_t rc =
+        capture == cudaStreamCaptureStatusActive
+            ? cudaEventRecordWithFlags(impl_->events[i], stream, cudaEventRecordExternal)
+            : cudaEventRecord(impl_->events[i], stream);
+    GPT2P_CHECK(rc == cudaSuccess, "cudaEventRecord failed: " << cudaGetErrorString(rc),
+                "check the GPU is usable (nvidia-smi)");
     return;
   }
 #endif

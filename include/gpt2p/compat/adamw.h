@@ -22,12 +22,23 @@ class FusedAdamW : public torch::optim::AdamW {
   // True when the last step() took the fused path.
   bool last_step_fused() const { return fused_; }
 
+  // CUDA graphs (compat/cuda_graph.h). The fused path keeps each parameter's step count twice: on
+  // the host (the state a checkpoint saves) and on the device (what the kernel reads), and the
+  // device counts are advanced by a kernel, so a captured step advances them on every replay. A
+  // replay does not run the host's side: after each replay of a graph that captured the last
+  // fused step(), count_replayed_step() advances the host counts of the parameters that step
+  // updated, as it did.
+  void count_replayed_step();
+
  private:
   bool fused_step();
   // Per parameter: the step count as a device tensor (the kernel's form), and the host count it
   // was made from (a checkpoint load changes the host count).
   std::vector<torch::Tensor> device_steps_;
   std::vector<int64_t> synced_steps_;
+  // The parameters the last fused step updated, and their slots in the two vectors above.
+  std::vector<torch::Tensor> stepped_;
+  std::vector<size_t> stepped_slots_;
   bool fused_ = false;
 };
 

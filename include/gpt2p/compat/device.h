@@ -87,7 +87,8 @@ class DeviceClock {
   ~DeviceClock();
   DeviceClock(const DeviceClock&) = delete;
   DeviceClock& operator=(const DeviceClock&) = delete;
-  // Records mark `i` (0 <= i < capacity) now, on torch's current stream.
+  // Records mark `i` (0 <= i < capacity) now, on torch's current stream; inside a CUDA graph's
+  // capture, wherever each replay of the graph gets there.
   void mark(int i);
   // Seconds from mark `a` to mark `b`.
   double elapsed(int a, int b);

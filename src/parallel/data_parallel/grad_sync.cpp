@@ -21,6 +21,7 @@ class NoSync final : public GradSync {
   void end_backward() override {}
   SyncTimes finish_step() override { return {}; }
   std::string name() const override { return "none"; }
+  bool capturable() const override { return true; }
 };
 
 // HW5's average_gradients: one all_reduce per parameter, after backward.

@@ -1,5 +1,7 @@
 #include "gpt2p/parallel/data_parallel/reducer.h"
 
+#include <ATen/ops/_foreach_zero.h>
+
 #include <utility>
 
 #include "gpt2p/core/error.h"
@@ -42,7 +44,16 @@ class ReplicatedReducer final : public GradReducer {
   void zero_grad() override {
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   }
+  void zero_grad_in_place() override {
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params_) {
+      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    }
+    if (!grads.empty()) at::_foreach_zero_(grads);
+  }
   SyncTimes finish_step() override { return sync_->finish_step(); }
+  bool capturable() const override { return sync_->capturable() && optimizer_->last_step_fused(); }
+  void count_replayed_step() override { optimizer_->count_replayed_step(); }
 
   const torch::optim::Optimizer& checkpoint_state(
       std::unique_ptr<compat::FusedAdamW>& /*scratch*/) override {
@@ -103,6 +114,11 @@ class ShardedReducer final : public GradReducer {
 };
 
 }  // namespace
+
+void GradReducer::zero_grad_in_place() {
+  GPT2P_FAIL("the " << name() << " reducer cannot keep its gradients in place",
+             "this is a bug: CUDA graphs run only with a replicated reducer");
+}
 
 std::unique_ptr<GradReducer> make_reducer(std::vector<torch::Tensor> params,
                                           std::unique_ptr<compat::FusedAdamW> optimizer,

@@ -71,6 +71,7 @@ void declare_flags(cli::FlagTable& t, TrainConfig& c, Program program) {
   t.named("kernels", c.compute.kernels, help<model::Kernels>(": the LM head's softmax and cross-entropy by the project's CUDA kernels (fused) or ATen ops (reference); auto = fused on CUDA"));
   t.named("attention", c.compute.attention, help<compat::Attention>(": the kernels scaled_dot_product_attention may use (auto: all, torch's choice); the start-up line names the one that runs"));
   t.named("recompute", c.compute.recompute, "none (keep every activation for backward) | blocks (keep each transformer block's input only and run the block again in backward, with the same dropout: activation memory of about one block per micro-batch, for about one more forward of the blocks)");
+  t.named("cuda-graphs", c.compute.cuda_graphs, help<CudaGraphs>(": auto = capture each training step in a CUDA graph and launch it with one call where the step allows it (one rank per model part, no dynamic loss scaling, --loss-positions all; the start-up line says which), off = launch every kernel from the host"));
   t.named("loss-positions", c.compute.loss_positions, "targets (the LM head and its cross-entropy run only where the loss mask counts: same loss and gradients, a fraction of the head's work) | all (every position, as a plain head)");
   t.section("Output");
   t.value("out", c.output.out, "output directory: rank<r>.h5 timing files, checkpoints (default: runs/<program>)");

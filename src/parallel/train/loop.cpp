@@ -45,6 +45,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
   int64_t end_epoch_at = state.epoch, end_batch_at = data.position().batch;
   double run_peak = 0;  // bytes: the largest epoch training peak (evaluation left out)
   const auto stopped = [&](int signal) {
+    strategy.record_attributes(recorder);
     recorder.close();
     report_stopped(setup.program, signal, step, cfg.output.out, setup.rank, ctx.control.size());
     return cli::kExitStopped;
@@ -127,6 +128,7 @@ int run_training(const LoopContext& ctx, TrainData& data, io::RunRecorder& recor
   // --save-every N commits every N steps; a finished run also commits its last steps.
   if (cfg.output.save_every > 0 && saved_step != step) save(end_epoch_at, end_batch_at);
   recorder.set_attribute("peak_memory_bytes", run_peak);
+  strategy.record_attributes(recorder);
   recorder.close();
   if (setup.ranks > 1) ctx.comm.barrier();
   report_finished(setup.program, step, cfg.output.out, setup.rank, setup.ranks);

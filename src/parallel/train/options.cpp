@@ -150,6 +150,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"overwrite", c.output.overwrite},
           {"kernels", name_string(c.compute.kernels)},
           {"attention", name_string(c.compute.attention)},
+          {"cuda_graphs", name_string(c.compute.cuda_graphs)},
           {"profile", c.output.profile},
           {"profile_steps", c.output.profile_steps}};
 }

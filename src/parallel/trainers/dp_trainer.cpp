@@ -22,6 +22,7 @@
 #include "gpt2p/parallel/train/data.h"
 #include "gpt2p/parallel/train/evaluator.h"
 #include "gpt2p/parallel/train/flags.h"
+#include "gpt2p/parallel/train/graphed_step.h"
 #include "gpt2p/parallel/train/loop.h"
 #include "gpt2p/parallel/train/loss_scaler.h"
 
@@ -34,6 +35,25 @@ namespace {
 // optimizer is queued, before the host reads the step's clocks): the host's part -- sampling,
 // pinned copies, loss rows -- then leaves no gap on the GPU. The reducer (reducer.h) holds the
 // optimizer; with --zero 1 its parameter gathers run while the next batch is prepared.
+// Why this run's step cannot be one CUDA graph (graphed_step.h), or "" when it can.
+std::string graph_blocker(const RunContext& ctx, const LossScaler& scaler) {
+  const auto& c = ctx.cfg;
+  if (c.compute.cuda_graphs == CudaGraphs::kOff) return "--cuda-graphs off";
+  if (!ctx.device.is_cuda()) return "the device is not a GPU";
+  if (ctx.topo.size > 1) return "the gradients' all-reduce between ranks is not captured";
+  if (c.data_parallel.zero == 1) return "--zero 1's parameter gathers are not captured";
+  if (scaler.enabled()) return "dynamic loss scaling reads the gradient norm on the host";
+  if (scaler.injects_faults()) return "GPT2P_INJECT_NONFINITE_GRADS is set";
+  if (c.compute.loss_positions != model::LossPositions::kAll) {
+    return "--loss-positions targets gives every batch its own number of head rows; "
+           "--loss-positions all keeps them fixed";
+  }
+  if (c.compute.recompute != model::Recompute::kNone) {
+    return "--recompute blocks reads the dropout state on the host";
+  }
+  return "";
+}
+
 class DataParallelStep final : public StepStrategy {
  public:
   DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model, GradReducer& reducer,
@@ -47,7 +67,11 @@ class DataParallelStep final : public StepStrategy {
         world_(ctx.topo.size),
         micro_(data.local_batch() / ctx.cfg.optim.grad_accum),
         positions_(ctx.cfg.compute.loss_positions),
-        clock_(ctx.device, 2 * ctx.cfg.optim.grad_accum + 3) {}
+        clock_(ctx.device, 2 * ctx.cfg.optim.grad_accum + 3),
+        graph_(ctx.device, graph_blocker(ctx, scaler), ctx.topo.rank == 0) {}
+
+  // "on" or "off (<why>)", for the start-up line.
+  std::string describe_graphs() const { return graph_.describe(); }
 
   void set_training(bool training) override { training ? model_->train() : model_->eval(); }
 
@@ -56,48 +80,28 @@ class DataParallelStep final : public StepStrategy {
     ahead_.reset();
     const auto& batch = cur.batch;
     rec.data = cur.host_seconds;
-    clock_.mark(0);
     const double scale = scaler_.scale();
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
-    // With --grad-accum, the weights are cast to bf16/fp16 once for all micro-steps.
-    std::optional<compat::AutocastCacheScope> casts;
-    if (cfg_.optim.grad_accum > 1) casts.emplace();
-    for (int k = 0; k < cfg_.optim.grad_accum; ++k) {
-      torch::Tensor loss;
-      {
-        compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
-        loss = model_->loss(cur.dev.inputs.narrow(0, k * micro_, micro_),
-                            model::scaled(cur.rows[static_cast<size_t>(k)], scale), ctx_.autocast);
-      }
-      clock_.mark(1 + 2 * k);
-      reducer_.begin_backward(k + 1 == cfg_.optim.grad_accum);
-      loss.backward();
-      clock_.mark(2 + 2 * k);
-      loss_sum += loss.detach();
-    }
-    casts.reset();
-    reducer_.finish_grad_sync();
-    const int sync_mark = 2 * cfg_.optim.grad_accum + 1;
-    clock_.mark(sync_mark);
-    // The gradients are unscaled while clipped; with loss scaling the host reads their norm and
-    // the ranks agree to skip a step whose gradients overflowed.
     bool apply = true;
-    if (cfg_.optim.grad_clip > 0 || scaler_.enabled()) {
-      if (scaler_.injects_fault(ctx_.topo.rank, rec.step)) {
-        // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
-        reducer_.scale_grads(
-            torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device)));
+    // The step's device work, from the first forward to the optimizer, as the graph captures it
+    // (graphed_step.h): it reads the batch from `in` alone -- the inputs [B, T], then each
+    // micro-step's loss rows (index, labels, weights) -- and returns the summed loss.
+    const auto body = [&](const GraphedStep::Tensors& in) -> GraphedStep::Tensors {
+      std::vector<model::LossRows> rows(cur.rows.size());
+      for (size_t k = 0; k < rows.size(); ++k) {
+        rows[k] = {in[1 + 3 * k], in[2 + 3 * k], in[3 + 3 * k]};
       }
-      const auto norm = reducer_.clip_grad_norm(cfg_.optim.grad_clip, 1 / scale);
-      if (scaler_.enabled()) {
-        apply = scaler_.update(std::isfinite(norm.item<double>()), ctx_.control.get(), rec.step);
-      }
-    }
-    if (apply) reducer_.step();
+      return {device_step(in[0], rows, scale, rec.step, apply)};
+    };
+    GraphedStep::Tensors in{cur.dev.inputs};
+    for (const auto& r : cur.rows) in.insert(in.end(), {r.index, r.labels, r.weights});
+    const torch::Tensor loss_sum = graph_
+                                       .run(
+                                           in, body, [&] { return reducer_.capturable(); },
+                                           [&] { reducer_.count_replayed_step(); })
+                                       .front();
     rec.loss_scale = scale;
     rec.skipped = apply ? 0 : 1;
-    reducer_.zero_grad();
-    clock_.mark(sync_mark + 1);
+    const int sync_mark = 2 * cfg_.optim.grad_accum + 1;
     // finish_step stamps the sync's end on the host: before the next batch's preparation, which
     // must not count as synchronisation.
     const auto times = reducer_.finish_step();
@@ -127,6 +131,61 @@ class DataParallelStep final : public StepStrategy {
         cfg_.optim.seq_len,
         positions_ == model::LossPositions::kAll ? rec.padded_tokens : rec.target_tokens);
     return rec.flops * world_;
+  }
+
+  // Forward and backward of every micro-step, the gradients' sync, clipping and the optimizer:
+  // the clock's marks 0 .. 2 * grad_accum + 2 around them. Returns the summed loss (queued).
+  // `apply`: false when dynamic loss scaling skips the step (the only host read; a run that
+  // scales its loss is not captured).
+  torch::Tensor device_step(const torch::Tensor& inputs, const std::vector<model::LossRows>& rows,
+                            double scale, int64_t step, bool& apply) {
+    clock_.mark(0);
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx_.device));
+    // With --grad-accum, the weights are cast to bf16/fp16 once for all micro-steps.
+    std::optional<compat::AutocastCacheScope> casts;
+    if (cfg_.optim.grad_accum > 1) casts.emplace();
+    for (int k = 0; k < cfg_.optim.grad_accum; ++k) {
+      torch::Tensor loss;
+      {
+        compat::AutocastGuard autocast(ctx_.device, ctx_.autocast);
+        loss = model_->loss(inputs.narrow(0, k * micro_, micro_),
+                            model::scaled(rows[static_cast<size_t>(k)], scale), ctx_.autocast);
+      }
+      clock_.mark(1 + 2 * k);
+      reducer_.begin_backward(k + 1 == cfg_.optim.grad_accum);
+      loss.backward();
+      clock_.mark(2 + 2 * k);
+      loss_sum += loss.detach();
+    }
+    casts.reset();
+    reducer_.finish_grad_sync();
+    const int sync_mark = 2 * cfg_.optim.grad_accum + 1;
+    clock_.mark(sync_mark);
+    // The gradients are unscaled while clipped; with loss scaling the host reads their norm and
+    // the ranks agree to skip a step whose gradients overflowed.
+    apply = true;
+    if (cfg_.optim.grad_clip > 0 || scaler_.enabled()) {
+      if (scaler_.injects_fault(ctx_.topo.rank, step)) {
+        // GPT2P_INJECT_NONFINITE_GRADS (loss_scaler.h): this rank's summed gradients become NaN.
+        reducer_.scale_grads(
+            torch::full({}, std::nan(""), torch::TensorOptions().device(ctx_.device)));
+      }
+      const auto norm = reducer_.clip_grad_norm(cfg_.optim.grad_clip, 1 / scale);
+      if (scaler_.enabled()) {
+        apply = scaler_.update(std::isfinite(norm.item<double>()), ctx_.control.get(), step);
+      }
+    }
+    if (apply) reducer_.step();
+    reducer_.zero_grad();
+    clock_.mark(sync_mark + 1);
+    return loss_sum;
+  }
+
+  void record_attributes(io::RunRecorder& recorder) override {
+    // Steps launched as one CUDA graph, and steps run eagerly after the capture (other shapes).
+    recorder.set_attribute("cuda_graph_replays", static_cast<double>(graph_.replays()));
+    recorder.set_attribute("cuda_graph_eager_steps",
+                           static_cast<double>(graph_.eager_after_capture()));
   }
 
   void cancel_next() override {
@@ -219,6 +278,7 @@ class DataParallelStep final : public StepStrategy {
   const int64_t micro_;
   const model::LossPositions positions_;
   compat::DeviceClock clock_;
+  GraphedStep graph_;
   std::optional<Prepared> ahead_;
   data::SamplerPosition before_ahead_;  // where the data stood before ahead_ was taken from it
 };
@@ -283,14 +343,18 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   io::RunRecorder recorder(
       cfg.output.out, run_identity(ctx, name),
       cfg.output.resume.empty() ? io::RecordMode::kCreate : io::RecordMode::kAppend);
+  LossScaler scaler(cfg.loss_scale,
+                    {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
+  DataParallelStep strategy(ctx, data, model, *reducer, scaler);
   if (rank == 0) {
     std::printf(
         "%s: %d rank(s) on %s, model %s, %lld training pairs, global batch %lld x %lld tokens, "
-        "sync %s, %s\n",
+        "sync %s, %s, CUDA graphs %s\n",
         name, world, ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), static_cast<long long>(data.train_pairs()),
         static_cast<long long>(cfg.optim.batch_size), static_cast<long long>(cfg.optim.seq_len),
-        reducer->name().c_str(), ctx.describe_kernels().c_str());
+        reducer->name().c_str(), ctx.describe_kernels().c_str(),
+        strategy.describe_graphs().c_str());
     if (ro.kind == ReducerKind::kSharded) {
       std::printf(
           "  ZeRO-1: AdamW state %.1f MiB per rank, sharded over %d ranks (%.1f MiB "
@@ -303,9 +367,6 @@ int train_data_parallel(const parallel::TrainConfig& cfg_in, parallel::Program p
   recorder.set_attribute("zero", cfg.data_parallel.zero);
   // AdamW's two float32 moments per parameter this rank keeps (measured by the analysis).
   recorder.set_attribute("optimizer_state_bytes", static_cast<double>(reducer->state_bytes()));
-  LossScaler scaler(cfg.loss_scale,
-                    {state.loss_scale, state.loss_scale_good_steps, state.skipped_steps});
-  DataParallelStep strategy(ctx, data, model, *reducer, scaler);
   if (ctx.topo.rank == 0) write_run_config(cfg, program);
   return run_training(ctx, data, recorder, state,
                       {name, rank, world, static_cast<double>(world), &scaler}, strategy);

@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
+#include <optional>
+#include <string>
 
+#include "gpt2p/compat/cuda_graph.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/model/flops.h"
 #include "gpt2p/parallel/train/checkpoint_commit.h"
@@ -96,6 +100,11 @@ class PipelineStep final : public StepStrategy {
                    channel(pipeline::Channel::kActivationsWrap),
                    channel(pipeline::Channel::kGradientsWrap)),
         clock_(ctx.device, 3) {
+    const bool graphed = pipeline_graph_blocker(ctx).empty();
+    if (graphed) {
+      stream_.emplace(ctx.device);  // a capture needs a stream other than the default
+      graph_pool_ = std::make_shared<compat::GraphPool>();
+    }
     std::vector<pipeline::Stage*> stage_ptrs;
     for (size_t c = 0; c < models_.size(); ++c) {
       stages_.push_back(std::make_unique<pipeline::GptStage>(
@@ -104,6 +113,7 @@ class PipelineStep final : public StepStrategy {
       // The replicas' sum of each stage starts with its last backward (a no-op for the other
       // kinds).
       stages_[c]->set_last_backward_hook([r = reducers_[c].get()] { r->begin_backward(true); });
+      if (graphed) stages_[c]->use_graphs(graph_pool_);
     }
     const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg_.pipeline.stages_per_rank;
     const auto& mc = ctx.model_config;
@@ -144,8 +154,14 @@ class PipelineStep final : public StepStrategy {
     for (auto& model : models_) training ? model->train() : model->eval();
   }
 
+  void record_attributes(io::RunRecorder& recorder) override {
+    // Steps whose micro-batches ran as CUDA graphs (captured, then replayed).
+    recorder.set_attribute("cuda_graph_replays", static_cast<double>(graphed_steps_));
+  }
+
   double step(io::StepRecord& rec, bool /*more*/) override {
     const int n = ctx_.mesh.pp(), rank = ctx_.mesh.pp_rank();
+    if (graph_pool_ && ++steps_ > pipeline::StageGraphs::kWarmupSteps) ++graphed_steps_;
     const auto t0 = Clock::now();
     auto batch = data_.next();
     auto dev = to_device(batch.batch, ctx_.device);
@@ -189,7 +205,8 @@ class PipelineStep final : public StepStrategy {
     }
     rec.loss_scale = scale;
     rec.skipped = apply ? 0 : 1;
-    for (auto* r : parts_) r->zero_grad();
+    // Graphed stages add into .grad where their capture found it.
+    for (auto* r : parts_) graph_pool_ ? r->zero_grad_in_place() : r->zero_grad();
     clock_.mark(2);
     // The optimizer's action ends now, on the run's clock (rec.start counts from its start).
     const double opt_end = rec.start + since(t0);
@@ -308,9 +325,29 @@ class PipelineStep final : public StepStrategy {
   std::vector<std::unique_ptr<pipeline::GptEvalStage>> eval_stages_;
   std::unique_ptr<pipeline::Executor> eval_executor_;
   compat::DeviceClock clock_;
+  // --cuda-graphs: the training stream and the pool every stage's graphs share (null: eager).
+  std::optional<compat::TrainingStream> stream_;
+  std::shared_ptr<compat::GraphPool> graph_pool_;
+  int64_t steps_ = 0, graphed_steps_ = 0;
 };
 
 }  // namespace
+
+std::string pipeline_graph_blocker(const RunContext& ctx) {
+  const auto& c = ctx.cfg;
+  if (c.compute.cuda_graphs == CudaGraphs::kOff) return "--cuda-graphs off";
+  if (!ctx.device.is_cuda() || !compat::cuda_graphs_built()) return "the device is not a GPU";
+  if (ctx.mesh.dp() > 1) return "the replicas' gradient sum starts inside backward";
+  if (c.pipeline.zero_bubble) return "--zero-bubble defers weight gradients outside backward";
+  if (c.compute.loss_positions != model::LossPositions::kAll) {
+    return "--loss-positions targets gives every micro-batch its own number of head rows; "
+           "--loss-positions all keeps them fixed";
+  }
+  if (c.compute.recompute != model::Recompute::kNone) {
+    return "--recompute blocks reads the dropout state on the host";
+  }
+  return "";
+}
 
 std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,
                                                  PipelineStages stages, double loss_share,

@@ -110,13 +110,16 @@ void describe_pipeline(const RunContext& ctx, const TrainData& data, const Pipel
     recorder.set_attribute("layer_time_head_s", costs.back());
   }
   if (topo.rank == 0) {
+    const std::string blocker = pipeline_graph_blocker(ctx);
+    const std::string graphs =
+        blocker.empty() ? "on (each micro-batch's forward and backward)" : "off (" + blocker + ")";
     const std::string replicas =
         ctx.mesh.dp() > 1 ? std::to_string(ctx.mesh.dp()) + " replicas of " : std::string();
     std::printf(
         "pp_train: %s%d rank(s) x %d stage(s) on %s, model %s, %s, schedule %s, "
         "%d micro-batch(es), global batch %lld x %lld tokens\n"
         "  %s split (layers, inclusive): %s\n"
-        "  loss at %s positions (the data's targets: %.3f of positions), %s\n",
+        "  loss at %s positions (the data's targets: %.3f of positions), %s, CUDA graphs %s\n",
         replicas.c_str(), n, v,
         ctx.device.is_cuda() ? compat::device_name(ctx.device).c_str() : "cpu",
         model::describe(ctx.model_config).c_str(), name_string(cfg.pipeline.mode).c_str(),
@@ -124,7 +127,7 @@ void describe_pipeline(const RunContext& ctx, const TrainData& data, const Pipel
         static_cast<long long>(cfg.optim.seq_len),
         cfg.output.resume.empty() ? name_string(cfg.pipeline.partition).c_str() : "checkpoint's",
         pipeline::to_string(split).c_str(), name_string(cfg.compute.loss_positions).c_str(),
-        data.target_fraction(), ctx.describe_kernels().c_str());
+        data.target_fraction(), ctx.describe_kernels().c_str(), graphs.c_str());
     if (!costs.empty()) {
       std::printf(
           "  measured ms per micro-batch (fwd+bwd): embedding %.3f, block %.3f, head %.3f"

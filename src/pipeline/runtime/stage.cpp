@@ -61,8 +61,26 @@ GptStage::GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType auto
   }
 }
 
+void GptStage::use_graphs(std::shared_ptr<compat::GraphPool> pool) {
+  GPT2P_CHECK(weight_grads_ == nullptr, "CUDA graphs on a stage that splits its backward",
+              "this is a bug: zero-bubble stages run eagerly");
+  const auto params = model_->parameters();
+  GPT2P_CHECK(!params.empty() && params.front().is_cuda(), "CUDA graphs on a stage off the GPU",
+              "this is a bug: graph only CUDA stages");
+  graphs_ =
+      std::make_unique<StageGraphs>(params.front().device(), std::move(pool), n_microbatches_);
+  live_inputs_.assign(static_cast<size_t>(n_microbatches_), torch::Tensor());
+}
+
 void GptStage::set_batch(StageBatch batch) {
   backwards_ = 0;
+  if (graphs_ && graphs_->begin_step() == StageGraphs::Mode::kCapture) {
+    // The captured backwards add into .grad: it must exist, where it stays, before them.
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters()) {
+      if (p.requires_grad() && !p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    }
+  }
   store_batch(std::move(batch));
   if (is_last()) {
     const double scale =
@@ -81,6 +99,22 @@ double GptStage::take_loss() {
 }
 
 torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
+  if (graphs_ && graphs_->mode() != StageGraphs::Mode::kEager) {
+    StageGraphs::Tensors in{input};
+    if (is_last()) {
+      const auto& r = loss_rows_[static_cast<size_t>(check_microbatch(mb))];
+      in.insert(in.end(), {r.index, r.labels, r.weights});
+    }
+    live_inputs_[static_cast<size_t>(check_microbatch(mb))] = input;
+    auto out = graphs_->forward(mb, in, !is_first(), [&](const StageGraphs::Tensors& s) {
+      compat::AutocastGuard autocast(s.front().device(), autocast_);
+      if (!is_last()) return model_->forward(s.front()).to(torch::kFloat32);
+      return model_->loss(s.front(), model::LossRows{s[1], s[2], s[3]}, autocast_);
+    });
+    if (is_last())
+      loss_sum_ = loss_sum_.defined() ? loss_sum_ + out.detach() : out.detach().clone();
+    return out;
+  }
   const torch::Device device = input.device();
   compat::AutocastGuard autocast(device, autocast_);
   if (!is_last()) return model_->forward(input).to(torch::kFloat32);  // activations travel in fp32
@@ -91,6 +125,13 @@ torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
 
 void GptStage::backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) {
   if (++backwards_ == n_microbatches_ && last_backward_hook_) last_backward_hook_();
+  if (graphs_ && graphs_->mode() != StageGraphs::Mode::kEager) {
+    const auto grad_in = graphs_->backward(mb, grad);
+    // The executor sends what it finds on its own input.
+    if (!is_first()) live_inputs_[static_cast<size_t>(mb)].mutable_grad() = grad_in;
+    live_inputs_[static_cast<size_t>(mb)] = torch::Tensor();
+    return;
+  }
   if (!grad.defined()) {
     output.backward();
   } else {

@@ -61,6 +61,9 @@ class GradSync {
   // and returns their times. Call once per step, when the step is being timed anyway.
   virtual SyncTimes finish_step() = 0;
   virtual std::string name() const = 0;
+  // Whether begin_backward .. end_backward can run inside a CUDA graph's capture: no
+  // communication, no host wait (one rank's sync, which does nothing).
+  virtual bool capturable() const { return false; }
   // What to pass to GPT2Impl::set_embedding_grad_sink, or an empty function when the tied weight
   // is reduced densely.
   using EmbeddingGradSink =

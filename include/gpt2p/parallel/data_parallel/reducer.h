@@ -78,10 +78,21 @@ class GradReducer {
   virtual void step() = 0;
   // Resets the parameters' .grad to undefined: the next step's first backward starts afresh.
   virtual void zero_grad() = 0;
+  // Zeroes the parameters' .grad in place instead, keeping them where they are: CUDA graphs that
+  // add into them (pipeline/runtime/stage_graphs.h). The replicated kinds only.
+  virtual void zero_grad_in_place();
   // Blocks until the step's reductions are done; their times (GradSync::finish_step).
   virtual SyncTimes finish_step() = 0;
   // Orders the next use of the parameters after the step's all-gathers (zero-1; else nothing).
   virtual void wait_params() {}
+
+  // CUDA graphs (compat/cuda_graph.h): whether a step's device work, from begin_backward to
+  // step(), can be captured in a graph -- nothing in it waits on the host or on other ranks. So
+  // far one rank's reducer (none) whose last step() took AdamW's fused path.
+  virtual bool capturable() const { return false; }
+  // After each replay of a graph that captured a step(): the host's part of that step (AdamW's
+  // step counts), which the replay does not run.
+  virtual void count_replayed_step() {}
 
   // The optimizer state a checkpoint saves: the part's AdamW, or (zero-1, collective over the
   // group) the shards gathered into `scratch`, which must outlive the save.

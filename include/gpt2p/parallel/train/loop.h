@@ -52,6 +52,9 @@ class StepStrategy {
   // Evaluates the models at the end of `epoch` (every rank calls; rank 0 prints what it found),
   // asking `stop` between batches and ending early when it says so.
   virtual EpochEval evaluate(int64_t epoch, const StopCheck& stop) = 0;
+
+  // Before the run's record closes: attributes of how the steps ran (CUDA graph replays).
+  virtual void record_attributes(io::RunRecorder& /*recorder*/) {}
 };
 
 // The run's fixed facts for the loop.

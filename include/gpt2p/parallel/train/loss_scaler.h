@@ -80,6 +80,8 @@ class LossScaler {
   // from the environment: GPT2P_INJECT_NONFINITE_GRADS="RANK:STEP[,RANK:STEP...]" (world ranks;
   // read once, by the constructor, which refuses a malformed value).
   bool injects_fault(int rank, int64_t step) const;
+  // Whether any fault is to be injected.
+  bool injects_faults() const { return !faults_.empty(); }
 
  private:
   bool enabled_ = false;

@@ -34,6 +34,13 @@ constexpr std::array<Named<PipelineMode>, 2> names(PipelineMode) {
       {{PipelineMode::kPipeline, "pipeline"}, {PipelineMode::kModelParallel, "model_parallel"}}};
 }
 
+// --cuda-graphs: auto captures the training step in a CUDA graph where the step allows it (the
+// start-up line says whether it does, and why not); off launches every kernel from the host.
+enum class CudaGraphs { kAuto, kOff };
+constexpr std::array<Named<CudaGraphs>, 2> names(CudaGraphs) {
+  return {{{CudaGraphs::kAuto, "auto"}, {CudaGraphs::kOff, "off"}}};
+}
+
 // The flags of a trainer, one section per group of its --help (train/flags.h declares them).
 // resolve_train_config fills the "-1: by device" defaults and the derived values once: nothing
 // downstream re-derives them (the loss scaling's auto, M under model_parallel, the stages per
@@ -76,6 +83,7 @@ struct TrainConfig {
     compat::Attention attention = compat::Attention::kAuto;
     model::Recompute recompute = model::Recompute::kNone;  // activations backward recomputes
     model::LossPositions loss_positions = model::LossPositions::kTargets;
+    CudaGraphs cuda_graphs = CudaGraphs::kAuto;
   } compute;
 
   struct Output {     // output, checkpoints, evaluation, profiling

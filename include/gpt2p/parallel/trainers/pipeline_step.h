@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpt2p/compat/adamw.h"
@@ -39,6 +40,10 @@ struct PipelineStages {
 // GptEvalStage per stage with a forward-only executor (make_forward_only_schedule) over the same
 // transport. `recorder` and `scaler` are the run's (the loop uses them too). Rank 0 prints ZeRO-1's
 // state size.
+// Why this run's stages cannot run their micro-batches as CUDA graphs (--cuda-graphs;
+// pipeline/runtime/stage_graphs.h), or "" when they do.
+std::string pipeline_graph_blocker(const RunContext& ctx);
+
 std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,
                                                  PipelineStages stages, double loss_share,
                                                  io::RunRecorder& recorder, LossScaler& scaler);

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "gpt2p/comm/communicator.h"
+#include "gpt2p/compat/cuda_graph.h"
 #include "gpt2p/model/gpt2.h"
+#include "gpt2p/pipeline/runtime/stage_graphs.h"
 
 namespace gpt2p::pipeline {
 
@@ -95,6 +97,12 @@ class GptStage : public GptStageBase {
   // its gradients to .grad (zero bubble's deferred weight gradients excepted: their W's may come
   // later), so a data-parallel sum over replicas can start as this one produces each gradient.
   void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
+
+  // From the next set_batch on, forward and backward run as CUDA graphs (stage_graphs.h), one
+  // pair per micro-batch, from `pool` (the rank's stages share one). The parameters' gradients
+  // then stay allocated: zero them in place between steps, never reset them. Not with
+  // split_backward (its weight gradients are deferred outside backward).
+  void use_graphs(std::shared_ptr<compat::GraphPool> pool);
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
   // resets it. Other stages: 0.
   double take_loss();
@@ -109,7 +117,9 @@ class GptStage : public GptStageBase {
   torch::Tensor loss_sum_;
   std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
   std::function<void()> last_backward_hook_;
-  int backwards_ = 0;  // this step's backward calls so far
+  int backwards_ = 0;                       // this step's backward calls so far
+  std::unique_ptr<StageGraphs> graphs_;     // use_graphs
+  std::vector<torch::Tensor> live_inputs_;  // graphed: the executor's input of each micro-batch
 };
 
 // Evaluation through the pipeline, forward only (Executor with Pass::kForwardOnly): the batch cut
