@@ -3,7 +3,22 @@
 #include <cstdio>
 #include <utility>
 
+#include "gpt2p/parallel/train/options.h"
+
 namespace gpt2p::parallel {
+
+std::string graph_blocker(const TrainConfig& cfg, const torch::Device& device) {
+  if (cfg.compute.cuda_graphs == CudaGraphs::kOff) return "--cuda-graphs off";
+  if (!device.is_cuda() || !compat::cuda_graphs_built()) return "the device is not a GPU";
+  if (cfg.compute.loss_positions != model::LossPositions::kAll) {
+    return "--loss-positions targets gives every batch its own number of head rows; "
+           "--loss-positions all keeps them fixed";
+  }
+  if (cfg.compute.recompute != model::Recompute::kNone) {
+    return "--recompute blocks reads the dropout state on the host";
+  }
+  return "";
+}
 
 GraphedStep::GraphedStep(const torch::Device& device, std::string blocker, bool announce)
     : device_(device), blocker_(std::move(blocker)), announce_(announce) {

@@ -29,31 +29,22 @@
 namespace gpt2p::parallel {
 namespace {
 
+// Why this run's step cannot be one CUDA graph (graphed_step.h), or "" when it can.
+std::string dp_graph_blocker(const RunContext& ctx, const LossScaler& scaler) {
+  if (auto why = graph_blocker(ctx.cfg, ctx.device); !why.empty()) return why;
+  if (ctx.topo.size > 1) return "the gradients' all-reduce between ranks is not captured";
+  if (ctx.cfg.data_parallel.zero == 1) return "--zero 1's parameter gathers are not captured";
+  if (scaler.enabled()) return "dynamic loss scaling reads the gradient norm on the host";
+  if (scaler.injects_faults()) return "GPT2P_INJECT_NONFINITE_GRADS is set";
+  return "";
+}
+
 // One data-parallel optimizer step: every rank runs forward and backward on its share of the
 // global batch (in --grad-accum micro-steps), the gradients are averaged (`sync`), then clipped
 // and applied. The next step's batch is prepared while the GPU still works on this one (after the
 // optimizer is queued, before the host reads the step's clocks): the host's part -- sampling,
 // pinned copies, loss rows -- then leaves no gap on the GPU. The reducer (reducer.h) holds the
 // optimizer; with --zero 1 its parameter gathers run while the next batch is prepared.
-// Why this run's step cannot be one CUDA graph (graphed_step.h), or "" when it can.
-std::string graph_blocker(const RunContext& ctx, const LossScaler& scaler) {
-  const auto& c = ctx.cfg;
-  if (c.compute.cuda_graphs == CudaGraphs::kOff) return "--cuda-graphs off";
-  if (!ctx.device.is_cuda()) return "the device is not a GPU";
-  if (ctx.topo.size > 1) return "the gradients' all-reduce between ranks is not captured";
-  if (c.data_parallel.zero == 1) return "--zero 1's parameter gathers are not captured";
-  if (scaler.enabled()) return "dynamic loss scaling reads the gradient norm on the host";
-  if (scaler.injects_faults()) return "GPT2P_INJECT_NONFINITE_GRADS is set";
-  if (c.compute.loss_positions != model::LossPositions::kAll) {
-    return "--loss-positions targets gives every batch its own number of head rows; "
-           "--loss-positions all keeps them fixed";
-  }
-  if (c.compute.recompute != model::Recompute::kNone) {
-    return "--recompute blocks reads the dropout state on the host";
-  }
-  return "";
-}
-
 class DataParallelStep final : public StepStrategy {
  public:
   DataParallelStep(const RunContext& ctx, TrainData& data, model::GPT2 model, GradReducer& reducer,
@@ -68,7 +59,7 @@ class DataParallelStep final : public StepStrategy {
         micro_(data.local_batch() / ctx.cfg.optim.grad_accum),
         positions_(ctx.cfg.compute.loss_positions),
         clock_(ctx.device, 2 * ctx.cfg.optim.grad_accum + 3),
-        graph_(ctx.device, graph_blocker(ctx, scaler), ctx.topo.rank == 0) {}
+        graph_(ctx.device, dp_graph_blocker(ctx, scaler), ctx.topo.rank == 0) {}
 
   // "on" or "off (<why>)", for the start-up line.
   std::string describe_graphs() const { return graph_.describe(); }

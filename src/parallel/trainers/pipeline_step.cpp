@@ -14,6 +14,7 @@
 #include "gpt2p/parallel/train/checkpoint_commit.h"
 #include "gpt2p/parallel/train/common.h"
 #include "gpt2p/parallel/train/evaluator.h"
+#include "gpt2p/parallel/train/graphed_step.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
 
 namespace gpt2p::parallel {
@@ -334,18 +335,9 @@ class PipelineStep final : public StepStrategy {
 }  // namespace
 
 std::string pipeline_graph_blocker(const RunContext& ctx) {
-  const auto& c = ctx.cfg;
-  if (c.compute.cuda_graphs == CudaGraphs::kOff) return "--cuda-graphs off";
-  if (!ctx.device.is_cuda() || !compat::cuda_graphs_built()) return "the device is not a GPU";
+  if (auto why = graph_blocker(ctx.cfg, ctx.device); !why.empty()) return why;
   if (ctx.mesh.dp() > 1) return "the replicas' gradient sum starts inside backward";
-  if (c.pipeline.zero_bubble) return "--zero-bubble defers weight gradients outside backward";
-  if (c.compute.loss_positions != model::LossPositions::kAll) {
-    return "--loss-positions targets gives every micro-batch its own number of head rows; "
-           "--loss-positions all keeps them fixed";
-  }
-  if (c.compute.recompute != model::Recompute::kNone) {
-    return "--recompute blocks reads the dropout state on the host";
-  }
+  if (ctx.cfg.pipeline.zero_bubble) return "--zero-bubble defers weight gradients outside backward";
   return "";
 }
 

@@ -25,6 +25,14 @@
 
 namespace gpt2p::parallel {
 
+struct TrainConfig;
+
+// Why no trainer's step can be captured in this run, or "" when nothing in the flags or the device
+// forbids it: --cuda-graphs off, a CPU device or build, --loss-positions targets (the head's rows
+// change with every batch), --recompute blocks (it reads the dropout state on the host). Each
+// trainer adds its own reasons.
+std::string graph_blocker(const TrainConfig& cfg, const torch::Device& device);
+
 class GraphedStep {
  public:
   static constexpr int kWarmupSteps = 2;
