@@ -106,15 +106,25 @@ struct NcclState {
                           " ms): the job is ended without waiting for the NCCL communicator",
                       kAbortHint, __FILE__, __LINE__));
         },
-        [dev = device] { cudaSetDevice(dev); });
+        [dev = device] {
+          cudaSetDevice(dev);
+          // The trainer may be capturing a CUDA graph on its own thread meanwhile
+          // (compat/cuda_graph.h): in CUDA's default (global) capture mode this thread's
+          // cudaEventQuery would invalidate that capture. Relaxed: this thread's calls never do.
+          cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+          cudaThreadExchangeStreamCaptureMode(&mode);
+        });
   }
 
   // An enqueued operation, by the event recorded after it.
   void watch(std::shared_ptr<Event> done) {
     watchdog->watch([done = std::move(done)] {
       const cudaError_t rc = cudaEventQuery(done->get());
-      if (rc == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: clear it
-      return rc != cudaErrorNotReady;
+      // Not ready, or (a capture elsewhere refused the query) not known yet: not an error.
+      const bool pending = rc == cudaErrorNotReady || rc == cudaErrorStreamCaptureUnsupported ||
+                           rc == cudaErrorStreamCaptureInvalidated;
+      if (pending) (void)cudaGetLastError();
+      return !pending;
     });
   }
 

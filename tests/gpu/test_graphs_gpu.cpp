@@ -116,6 +116,34 @@ TEST_F(GraphedTraining, DataParallelLossesEqualTheEagerRun) {
   }
 }
 
+// A checkpoint written after graphed steps holds what the replays did on the host's side too
+// (AdamW's step counts): a run resumed from it continues the graphed run that never stopped, one
+// epoch later, after an evaluation between the replays.
+TEST_F(GraphedTraining, ResumeAfterGraphedStepsContinuesTheRun) {
+  if (comm->size() != 1) GTEST_SKIP() << "graphs capture one rank's step";
+  const auto run = [&](const std::string& out, int64_t steps) {
+    auto c = on_gpu(out, model::Precision::kBf16, 1, CudaGraphs::kAuto);
+    c.optim.epochs = 2;
+    c.optim.max_steps = steps;
+    return c;
+  };
+  ASSERT_EQ(train_data_parallel(run("whole", kSteps + 1), Program::kDataParallel, topo), 0);
+  auto head = run("head", kSteps);
+  head.output.save_every = kSteps;
+  ASSERT_EQ(train_data_parallel(head, Program::kDataParallel, topo), 0);
+  auto tail = run("tail", kSteps + 1);
+  tail.output.resume = dir + "/head/checkpoint";
+  ASSERT_EQ(train_data_parallel(tail, Program::kDataParallel, topo), 0);
+  EXPECT_EQ(attribute("head", "cuda_graph_replays"), kSteps - GraphedStep::kWarmupSteps);
+  EXPECT_EQ(attribute("whole", "cuda_graph_replays"), kSteps + 1 - GraphedStep::kWarmupSteps);
+  const auto whole = read_column(rank_file("whole"), "/steps/loss");
+  const auto rest = read_column(rank_file("tail"), "/steps/loss");
+  ASSERT_EQ(whole.size(), static_cast<size_t>(kSteps + 1));
+  ASSERT_EQ(rest.size(), 1U);
+  EXPECT_NEAR(rest[0], whole.back(), 1e-5 * whole.back())
+      << "the resumed step must see the parameters and AdamW state the graphed steps left";
+}
+
 // Every schedule the stages graph: GPipe and 1F1B (one stage per rank) and interleaved (two
 // stages per rank, whose graphs share the rank's pool), at M = 4.
 TEST_F(GraphedTraining, PipelineLossesEqualTheEagerRun) {

@@ -157,12 +157,12 @@ class PipelineStep final : public StepStrategy {
 
   void record_attributes(io::RunRecorder& recorder) override {
     // Steps whose micro-batches ran as CUDA graphs (captured, then replayed).
-    recorder.set_attribute("cuda_graph_replays", static_cast<double>(graphed_steps_));
+    recorder.set_attribute("cuda_graph_replays",
+                           static_cast<double>(stages_.front()->graphed_steps()));
   }
 
   double step(io::StepRecord& rec, bool /*more*/) override {
     const int n = ctx_.mesh.pp(), rank = ctx_.mesh.pp_rank();
-    if (graph_pool_ && ++steps_ > pipeline::StageGraphs::kWarmupSteps) ++graphed_steps_;
     const auto t0 = Clock::now();
     auto batch = data_.next();
     auto dev = to_device(batch.batch, ctx_.device);
@@ -329,7 +329,6 @@ class PipelineStep final : public StepStrategy {
   // --cuda-graphs: the training stream and the pool every stage's graphs share (null: eager).
   std::optional<compat::TrainingStream> stream_;
   std::shared_ptr<compat::GraphPool> graph_pool_;
-  int64_t steps_ = 0, graphed_steps_ = 0;
 };
 
 }  // namespace

@@ -11,6 +11,8 @@ StageGraphs::StageGraphs(const torch::Device& device, std::shared_ptr<compat::Gr
     : device_(device), pool_(std::move(pool)), micro_(static_cast<size_t>(n_microbatches)) {}
 
 StageGraphs::Mode StageGraphs::begin_step() {
+  if (step_graphed_) ++graphed_steps_;
+  step_graphed_ = false;
   ++steps_;
   mode_ = steps_ <= kWarmupSteps       ? Mode::kEager
           : steps_ == kWarmupSteps + 1 ? Mode::kCapture
@@ -28,6 +30,7 @@ StageGraphs::Micro& StageGraphs::micro(int mb) {
 torch::Tensor StageGraphs::forward(int mb, const Tensors& inputs, bool input_grad,
                                    const std::function<torch::Tensor(const Tensors&)>& body) {
   auto& m = micro(mb);
+  step_graphed_ = true;
   if (mode_ == Mode::kCapture) {
     GPT2P_CHECK(!m.forward, "micro-batch " << mb << "'s forward is captured twice in one step",
                 "this is a bug: each micro-batch runs forward once per step");

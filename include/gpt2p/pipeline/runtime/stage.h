@@ -103,6 +103,8 @@ class GptStage : public GptStageBase {
   // then stay allocated: zero them in place between steps, never reset them. Not with
   // split_backward (its weight gradients are deferred outside backward).
   void use_graphs(std::shared_ptr<compat::GraphPool> pool);
+  // Steps whose micro-batches ran as graphs (0 without use_graphs).
+  int64_t graphed_steps() const { return graphs_ ? graphs_->graphed_steps() : 0; }
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
   // resets it. Other stages: 0.
   double take_loss();

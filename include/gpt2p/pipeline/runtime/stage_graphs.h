@@ -21,6 +21,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -40,6 +41,8 @@ class StageGraphs {
   // At the start of a step: which way this step runs.
   Mode begin_step();
   Mode mode() const { return mode_; }
+  // Steps whose forwards ran as graphs (captured or replayed), the current one included.
+  int64_t graphed_steps() const { return graphed_steps_ + (step_graphed_ ? 1 : 0); }
 
   using Tensors = std::vector<torch::Tensor>;
   // Forward of micro-batch `mb` (kCapture or kReplay): copies `inputs` into the graph's static
@@ -66,6 +69,8 @@ class StageGraphs {
   std::vector<Micro> micro_;
   Mode mode_ = Mode::kEager;
   int steps_ = 0;
+  int64_t graphed_steps_ = 0;
+  bool step_graphed_ = false;
 };
 
 }  // namespace gpt2p::pipeline
