@@ -25,7 +25,7 @@ namespace po = gpt2p::cli::po;
 struct Config {
   std::string source = "ding";
   std::string input, train, validation, test, de, en;
-  std::string vocab_dir = ".cache/gpt2-vocab";
+  std::string vocab_dir = data::default_vocab_dir();  // as the trainers and tokenize
   std::string out = ".cache/data/ding-gpt2.h5";
   int64_t max_pairs = 0;
   int64_t max_tokens = 0;
@@ -49,7 +49,8 @@ bool parse(int argc, char** argv, Config& c) {
       ("de", po::value(&c.de), "parallel: German text, one sentence per line")
       ("en", po::value(&c.en), "parallel: English text, line i translating line i of --de")
       ("vocab-dir", po::value(&c.vocab_dir)->default_value(c.vocab_dir),
-       "GPT-2 tokenizer files (encoder.json + vocab.bpe, or vocab.json + merges.txt)")
+       "GPT-2 tokenizer files (encoder.json + vocab.bpe, or vocab.json + merges.txt); default: "
+       "$GPT2P_VOCAB_DIR when set, else .cache/gpt2-vocab")
       ("out", po::value(&c.out)->default_value(c.out),
        "output HDF5 file (written to a temporary, then renamed)")
       ("max-pairs", po::value(&c.max_pairs)->default_value(0),
