@@ -17,6 +17,10 @@
 //     reads a static copy of the incoming gradient, leaves the input's gradient in a static
 //     tensor, and adds the parameters' gradients into their .grad in place. The trainer must
 //     therefore keep .grad allocated, zeroing it in place between steps.
+//   - Nothing is ever captured into the pool again after that step: memory some graph left free
+//     at the end of the capture step (the weights' bf16 copies of autocast's cache, read by every
+//     micro-batch's forward) is still used by the replays, and a later capture would be handed
+//     it. A different schedule or shape needs new stages with a pool of their own.
 #pragma once
 
 #include <torch/torch.h>
