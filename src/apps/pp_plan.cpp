@@ -11,7 +11,9 @@
 // step, the tied-weight exchange and the loss broadcast (the same for every plan). Each plan also
 // gets its busiest rank's peak memory (pipeline/perf/memory.h): fp32 weights, gradients and AdamW
 // moments (sharded over the replicas with --zero 1) plus the activations its schedule keeps, as
-// the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU. The
+// the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU. On a GPU
+// the layers run as pp_train would run the plan's stages: as CUDA graphs under --cuda-graphs auto
+// where nothing keeps them eager (planner.h: plan_graph_blocker), else launched one by one. The
 // planner, the --gpus search and the tables are pipeline/perf's (planner.h, hybrid.h,
 // plan_report.h); this file reads the flags and calls them.
 #include <algorithm>
@@ -99,6 +101,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("precision", gpt2p::cli::named_value(f.precision, "precision"), "as pp_train's --precision")
       ("kernels", gpt2p::cli::named_value(f.kernels, "kernels"), "as pp_train's --kernels: auto | fused | reference; the layers are timed on the path training runs")
       ("device", gpt2p::cli::named_value(f.device, "device"), "where the layers are timed (auto: cuda when built with CUDA and a GPU is present)")
+      ("cuda-graphs", gpt2p::cli::named_value(f.train.compute.cuda_graphs, "cuda-graphs"), "as pp_train's --cuda-graphs: auto = on a GPU, time the layers as CUDA graphs where pp_train runs the plan's stages so (--loss-fraction 1, without --recompute, --zero-bubble or replicas; the table's header says which), off = launched eagerly")
       ("microbatches", po::value(&ms)->default_value(ms), "micro-batch counts M to predict, comma-separated (each must divide --batch-size)")
       ("stages-per-rank", po::value(&vs)->default_value(vs), "stages per rank V to predict, comma-separated: 1 = gpipe and 1f1b, 2 or more = interleaved 1F1B on stages x V stages (M a multiple of --stages)")
       ("zero-bubble", po::bool_switch(&s.zero_bubble), "also predict every pipeline row with pp_train --zero-bubble (split backwards, W's in the bubbles)")
@@ -137,6 +140,7 @@ bool parse_flags(int argc, char** argv, Flags& f) {
   if (f.train.model.preset.empty())
     f.train.model.preset = f.device == DeviceKind::kCuda ? "gpt2" : "tiny";
   s.precision = f.precision;
+  s.cuda_graphs = f.train.compute.cuda_graphs == gpt2p::parallel::CudaGraphs::kAuto;
   if (s.stages < 1)
     throw UsageError("--stages " + std::to_string(s.stages) + ": run at least one stage");
   if (s.batch_size < 1)

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -242,6 +243,9 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   EXPECT_EQ(doc["stages"], 2);
   // --kernels auto on the CPU: the layers were timed on the reference path, as pp_train runs.
   EXPECT_EQ(doc["kernels"], "reference");
+  // No GPU, so no CUDA graphs: the layers were launched eagerly, and the table says why.
+  EXPECT_EQ(doc["layers_timed_as"], "eager");
+  EXPECT_EQ(doc["layers_eager_because"], "the device is not a GPU");
   // The timing, the slow part, is announced on stderr one micro-batch size at a time.
   std::ifstream err(dir / "err.txt");
   const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
@@ -268,6 +272,34 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("# fastest: pp_train --partition "), std::string::npos) << text;
   EXPECT_NE(text.find(", reference kernels, "), std::string::npos) << text;
+  EXPECT_NE(text.find("(forward + backward), launched eagerly: the device is not a GPU"),
+            std::string::npos)
+      << text;
+}
+
+// The layers are timed as pp_train would run the plan's stages: as CUDA graphs unless one of its
+// reasons to launch them eagerly holds, each named as pp_train names it.
+TEST(PlanGraphBlocker, NamesWhyTheStagesWouldRunEagerly) {
+  const c10::Device gpu(c10::kCUDA, 0);
+  PlanSpec spec;
+  spec.loss_fraction = 1.0;
+  EXPECT_EQ(plan_graph_blocker(spec, c10::kCPU), "the device is not a GPU");
+  const std::string none = plan_graph_blocker(spec, gpu);
+  // A CPU build cannot capture on any device; a CUDA build can here.
+  EXPECT_TRUE(none.empty() || none == "the device is not a GPU") << none;
+  const auto blocked = [&](const std::function<void(PlanSpec&)>& change, const char* why) {
+    PlanSpec s = spec;
+    change(s);
+    const std::string got = plan_graph_blocker(s, gpu);
+    EXPECT_TRUE(got.find(why) != std::string::npos || (!none.empty() && got == none)) << got;
+  };
+  blocked([](PlanSpec& s) { s.cuda_graphs = false; }, "--cuda-graphs off");
+  blocked([](PlanSpec& s) { s.loss_fraction = 0.09; }, "target positions only");
+  blocked([](PlanSpec& s) { s.recompute = model::Recompute::kBlocks; }, "--recompute blocks");
+  blocked([](PlanSpec& s) { s.zero_bubble = true; }, "--zero-bubble");
+  blocked([](PlanSpec& s) { s.replicas = 2; }, "replicas");
+  spec.cuda_graphs = false;
+  EXPECT_EQ(plan_graph_blocker(spec, c10::kCPU), "--cuda-graphs off");
 }
 
 // --gpus 4: every D x P = 4 the model allows (4 blocks: 4 x 1, 2 x 2, 1 x 4), each at its fastest
@@ -295,6 +327,7 @@ TEST(PpPlan, HybridPredictsEverySplitOfTheGpus) {
     EXPECT_DOUBLE_EQ(r["step_s"].get<double>(),
                      r["pipeline_step_s"].get<double>() + r["allreduce_s"].get<double>());
     EXPECT_GE(r["step_s"].get<double>(), previous);  // fastest first
+    EXPECT_EQ(r["layers_timed_as"], "eager");        // the CPU
     previous = r["step_s"].get<double>();
   }
   EXPECT_EQ(replicas, (std::set<int>{1, 2, 4}));

@@ -172,7 +172,8 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   std::vector<double> costs;
   if (cfg.pipeline.partition == pipeline::PartitionKind::kMeasured && cfg.output.resume.empty()) {
     costs = measured_layer_costs(*pipe, ctx.model_config, data.local_batch() / m, cfg.optim.seq_len,
-                                 ctx.autocast, loss_share, ctx.kernels);
+                                 ctx.autocast, loss_share, ctx.kernels,
+                                 pipeline_graph_blocker(ctx).empty());
     // Every replica splits as replica 0 measured, or their stages would differ.
     if (replicas != nullptr) costs = broadcast_costs(*replicas, costs);
     compat::reset_peak_memory(ctx.device);

@@ -78,7 +78,8 @@ HybridPlan plan_hybrid(const model::GPT2Config& config, const PlanSpec& spec, in
     if (best == nullptr) continue;
     const double bytes = busiest_rank_gradient_bytes(config, best->split, pp);
     const double allreduce = dp == 1 ? 0.0 : 2.0 * (dp - 1) / dp * bytes / (allreduce_gbs * 1e9);
-    hybrid.picks.push_back({dp, pp, *best, allreduce, best->step_s + allreduce});
+    hybrid.picks.push_back(
+        {dp, pp, *best, allreduce, best->step_s + allreduce, plan.eager_because});
   }
   // pp_plan refuses a --gpus without a split that has a plan (why_no_hybrid_plan); this is only a
   // safety net.

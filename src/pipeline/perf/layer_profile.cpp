@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
+#include <optional>
 
+#include "gpt2p/compat/cuda_graph.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/gpt2.h"
@@ -14,7 +17,8 @@ namespace {
 
 // One part of the model alone on `device` (random weights and tokens), run as the executor runs a
 // micro-batch: forward, then backward with the output's gradient (the loss's own on the last
-// stage). A received activation requires grad, as in the executor.
+// stage). A received activation requires grad, as in the executor. After use_graphs() every
+// iteration is a step of its own (set_batch, then one micro-batch), as a graphed stage runs it.
 class Part {
  public:
   Part(const model::GPT2Config& config, model::LayerRange range, int64_t rows, int64_t seq_len,
@@ -33,6 +37,7 @@ class Part {
     batch.host_mask.narrow(1, 0, counted).fill_(1.0);
     batch.mask = batch.host_mask.to(device);
     batch.global_target_tokens = rows * counted;
+    batch_ = batch;
     stage_.set_batch(batch);
     if (!stage_.is_first())
       hidden_ = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
@@ -45,7 +50,14 @@ class Part {
   void backward(const torch::Tensor& out) {
     stage_.backward(0, out, stage_.is_last() ? torch::Tensor() : torch::ones_like(out));
   }
-  void iteration() { backward(forward()); }
+  void iteration() {
+    if (graphed_) stage_.set_batch(batch_);
+    backward(forward());
+  }
+  void use_graphs() {
+    stage_.use_graphs(std::make_shared<compat::GraphPool>());
+    graphed_ = true;
+  }
 
  private:
   static model::GPT2 init(model::GPT2 layers, const torch::Device& device, model::Kernels kernels,
@@ -60,7 +72,9 @@ class Part {
 
   model::GPT2 layers_;
   GptStage stage_;
+  StageBatch batch_;
   torch::Tensor hidden_;
+  bool graphed_ = false;
 };
 
 // Fastest round's seconds per forward + backward of `part`.
@@ -100,7 +114,7 @@ double kept_bytes(Part& part, const torch::Device& device) {
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                torch::ScalarType autocast, const c10::Device& device, int warmup,
                                int reps, int rounds, double loss_fraction, bool measure_memory,
-                               model::Kernels kernels) {
+                               model::Kernels kernels, bool graphs) {
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
               "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
                                                  << ", reps " << reps << ", rounds " << rounds
@@ -113,12 +127,25 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   const bool count = measure_memory && device.is_cuda();  // the CPU has no allocator statistics
   ActivationBytes kept = estimate_activation_bytes(config, micro_rows, seq_len,
                                                    autocast != torch::kFloat32, loss_fraction);
+  const bool graphed = graphs && device.is_cuda() && compat::cuda_graphs_built();
+  std::optional<compat::TrainingStream> stream;  // a capture needs a stream other than the default
+  if (graphed) stream.emplace(device);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {
     Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction, kernels);
+    if (graphed) {
+      // The bytes eagerly, once the first backward made the gradients; then the graphs.
+      if (count && bytes != nullptr) {
+        part.iteration();
+        *bytes = kept_bytes(part, device);
+      }
+      part.use_graphs();
+      return time_part(part, device, std::max(warmup, StageGraphs::kWarmupSteps + 1), reps, rounds);
+    }
     const double seconds = time_part(part, device, warmup, reps, rounds);
     if (count && bytes != nullptr) *bytes = kept_bytes(part, device);
     return seconds;
   };
+
   const double one = time(1, 2, &kept.block), embedding = time(0, 1, &kept.embedding),
                head = time(L + 1, L + 2, &kept.head);
   if (count) {

@@ -51,7 +51,10 @@ void print_plan(std::FILE* out, const Plan& plan, const PlanSpec& spec,
       model::describe(config).c_str(), spec.stages, static_cast<long long>(spec.batch_size),
       static_cast<long long>(spec.seq_len), name_string(spec.precision).c_str(), device.c_str(),
       name_string(spec.kernels).c_str(), spec.loss_fraction);
-  std::fprintf(out, "# layer times, ms per micro-batch (forward + backward)\n");
+  std::fprintf(out, "# layer times, ms per micro-batch (forward + backward), %s\n",
+               plan.eager_because.empty()
+                   ? "as CUDA graphs (as pp_train --cuda-graphs auto runs this plan)"
+                   : ("launched eagerly: " + plan.eager_because).c_str());
   std::fprintf(out, "# (stage: what a stage's forward + backward call costs beyond its layers)\n");
   std::fprintf(out, "# %6s %10s %10s %10s %11s %10s\n", "rows", "embedding", "block", "head",
                "head/block", "stage");
@@ -118,6 +121,8 @@ nlohmann::json plan_document(const Plan& plan, const PlanSpec& spec,
               {"seq_len", spec.seq_len},
               {"precision", name_string(spec.precision)},
               {"kernels", name_string(spec.kernels)},
+              {"layers_timed_as", plan.eager_because.empty() ? "cuda_graphs" : "eager"},
+              {"layers_eager_because", plan.eager_because},
               {"device", device},
               {"link_gbs", spec.link_gbs},
               {"loss_fraction", spec.loss_fraction},
@@ -151,6 +156,11 @@ void print_hybrid(std::FILE* out, const HybridPlan& hybrid, const PlanSpec& spec
                  name_string(p.row.partition).c_str(), 1e3 * p.row.step_s, 1e3 * p.allreduce_s,
                  1e3 * p.step_s, tokens / p.step_s, peak_gib(p.row));
   }
+  for (const HybridPick& p : hybrid.picks) {
+    std::fprintf(
+        out, "# D=%d x P=%d: layers timed %s\n", p.dp, p.pp,
+        p.eager_because.empty() ? "as CUDA graphs" : ("eagerly (" + p.eager_because + ")").c_str());
+  }
   if (hybrid.picks.empty()) return;
   const HybridPick& p = hybrid.picks.front();
   const std::string schedule = p.row.schedule == "model_parallel" ? "1f1b" : p.row.schedule;
@@ -181,6 +191,7 @@ nlohmann::json hybrid_document(const HybridPlan& hybrid, const PlanSpec& spec,
                     {"partition", name_string(p.row.partition)},
                     {"split", p.row.split},
                     {"pipeline_step_s", p.row.step_s},
+                    {"layers_timed_as", p.eager_because.empty() ? "cuda_graphs" : "eager"},
                     {"allreduce_s", p.allreduce_s},
                     {"step_s", p.step_s},
                     {"tokens_per_s", tokens / p.step_s},

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "gpt2p/compat/cuda_graph.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/pipeline/perf/memory.h"
@@ -27,6 +28,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   std::vector<int> counts = spec.microbatches;
   if (std::find(counts.begin(), counts.end(), 1) == counts.end()) counts.insert(counts.begin(), 1);
   Plan plan;
+  plan.eager_because = plan_graph_blocker(spec, device);
   std::map<int, std::vector<double>> costs;  // M -> per-layer costs of one micro-batch
   for (size_t i = 0; i < counts.size(); ++i) {
     const int m = counts[i];
@@ -36,9 +38,10 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
                     " rows (M = " + std::to_string(m) + ", " + std::to_string(i + 1) + " of " +
                     std::to_string(counts.size()) + ")");
     }
-    const LayerTimes t =
-        measure_layer_times(config, rows, spec.seq_len, model::autocast_type(spec.precision),
-                            device, 2, spec.reps, 3, spec.loss_fraction, true, spec.kernels);
+    const LayerTimes t = measure_layer_times(
+        config, rows, spec.seq_len, model::autocast_type(spec.precision), device, 2, spec.reps, 3,
+        spec.loss_fraction, true, spec.kernels, plan.eager_because.empty());
+
     plan.times[rows] = t;
     costs[m] = layer_costs_from_times(t, L);
   }
@@ -150,6 +153,19 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     }
   }
   return plan;
+}
+
+std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device) {
+  if (!spec.cuda_graphs) return "--cuda-graphs off";
+  if (!device.is_cuda() || !compat::cuda_graphs_built()) return "the device is not a GPU";
+  if (spec.loss_fraction < 1.0) {
+    return "the head runs at the target positions only (--loss-fraction below 1, pp_train's "
+           "--loss-positions targets), whose count changes with every batch";
+  }
+  if (spec.recompute != model::Recompute::kNone) return "pp_train --recompute blocks runs eagerly";
+  if (spec.zero_bubble) return "pp_train --zero-bubble runs eagerly";
+  if (spec.replicas > 1) return "pp_train with data-parallel replicas (--dp) runs eagerly";
+  return "";
 }
 
 std::string why_no_plan(const PlanSpec& spec, int64_t n_layer) {

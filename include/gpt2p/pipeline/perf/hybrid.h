@@ -35,9 +35,10 @@ double busiest_rank_gradient_bytes(const model::GPT2Config& config, const std::s
 // One D x P split at its fastest pipeline plan.
 struct HybridPick {
   int dp = 1, pp = 1;
-  PlanRow row;             // the fastest row of the P-rank pipeline at the replica's batch
-  double allreduce_s = 0;  // the replicas' gradient all-reduce (0 for D = 1)
-  double step_s = 0;       // row.step_s + allreduce_s
+  PlanRow row;                // the fastest row of the P-rank pipeline at the replica's batch
+  double allreduce_s = 0;     // the replicas' gradient all-reduce (0 for D = 1)
+  double step_s = 0;          // row.step_s + allreduce_s
+  std::string eager_because;  // its plan's (Plan::eager_because): "" when timed as CUDA graphs
 };
 
 // A split of the GPUs that has no plan, and why (hybrid_spec's skip).

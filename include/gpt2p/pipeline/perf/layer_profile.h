@@ -60,11 +60,20 @@ struct LayerTimes {
 //
 // `kernels` (resolved: kFused or kReference) is the path the parts run, as the trainers' --kernels:
 // the times are those of the code a training step runs.
+//
+// `graphs` (on CUDA only; ignored elsewhere): each part runs as pp_train --cuda-graphs runs a
+// stage, its forward and backward replayed as CUDA graphs (stage_graphs.h) after at least
+// StageGraphs::kWarmupSteps + 1 untimed iterations (the eager ones and the capture). Where the
+// host launches kernels more slowly than the GPU runs them (small micro-batches), eager times are
+// the host's: timing each part alone then adds up the host's time per part, which a graphed stage
+// does not pay. The activation bytes are measured eagerly, before the graphs (a graph's memory is
+// its pool's, taken once at capture).
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                c10::ScalarType autocast, const c10::Device& device, int warmup = 2,
                                int reps = 5, int rounds = 3, double loss_fraction = 1.0,
                                bool measure_memory = true,
-                               model::Kernels kernels = model::Kernels::kReference);
+                               model::Kernels kernels = model::Kernels::kReference,
+                               bool graphs = false);
 
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);

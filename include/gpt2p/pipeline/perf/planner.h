@@ -45,6 +45,9 @@ struct PlanSpec {
   // moments sharded over them); only the memory prediction reads them.
   int replicas = 1;
   int zero = 0;
+  // pp_train --cuda-graphs auto: time the layers as CUDA graphs where pp_train would run this plan
+  // so (plan_graph_blocker), the way its stages then run; false (--cuda-graphs off): eagerly.
+  bool cuda_graphs = true;
   // Told before each micro-batch size is timed (the slow part: minutes for a large model on a
   // CPU): "timing micro-batches of R rows (k of n)". Empty: nothing said.
   std::function<void(const std::string&)> progress;
@@ -72,8 +75,10 @@ struct PlanRow {
 
 struct Plan {
   std::map<int64_t, LayerTimes> times;  // micro-batch rows -> measured layer times
-  std::vector<PlanRow> rows;            // partition, then M, then schedule
-  std::vector<std::string> notes;       // e.g. why a partition has no rows
+  // How the layers were timed: "" as CUDA graphs, else why eagerly (plan_graph_blocker).
+  std::string eager_because;
+  std::vector<PlanRow> rows;       // partition, then M, then schedule
+  std::vector<std::string> notes;  // e.g. why a partition has no rows
 };
 
 // Measures (M = 1, the model-parallel baseline, always) and predicts. Throws gpt2p::Error for an M
@@ -89,6 +94,13 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 // the layer profile (minutes on a GPU) so that a request with nothing to predict is refused with
 // its reason instead of printing an empty table.
 std::string why_no_plan(const PlanSpec& spec, int64_t n_layer);
+
+// Why pp_train would launch this plan's stages eagerly instead of as CUDA graphs, as its
+// pipeline_graph_blocker says it (--cuda-graphs off, not a GPU, the head at the target positions
+// only, --recompute blocks, --zero-bubble, data-parallel replicas), or "" when they would run as
+// graphs. make_plan times the layers the same way. With --zero-bubble every row is timed eagerly,
+// the unsplit ones included.
+std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device);
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
 // "activation_bytes_by_rows": {"64": {embedding, block, block_recompute, head, stage_input,
