@@ -144,14 +144,15 @@ TEST_F(GraphedTraining, ResumeAfterGraphedStepsContinuesTheRun) {
       << "the resumed step must see the parameters and AdamW state the graphed steps left";
 }
 
-// Every schedule the stages graph: GPipe and 1F1B (one stage per rank) and interleaved (two
-// stages per rank, whose graphs share the rank's pool), at M = 4.
+// Every schedule the stages graph: GPipe and 1F1B (one stage per rank) and, on 2 ranks,
+// interleaved (two stages per rank, whose graphs share the rank's pool), at M = 4.
 TEST_F(GraphedTraining, PipelineLossesEqualTheEagerRun) {
   struct Case {
     const char* schedule;
     int stages_per_rank;
   };
   for (const Case k : {Case{"gpipe", 1}, Case{"1f1b", 1}, Case{"interleaved", 2}}) {
+    if (k.stages_per_rank > 1 && comm->size() < 2) continue;  // pp_train refuses it on 1 rank
     SCOPED_TRACE(k.schedule);
     const std::string name = std::string("pp-") + k.schedule;
     for (const auto graphs : {CudaGraphs::kAuto, CudaGraphs::kOff}) {
