@@ -42,12 +42,54 @@ void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torc
   db = dy.sum(0, /*keepdim=*/false, torch::kFloat32);
 }
 
+bool add_linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& grad,
+                             torch::Tensor& db) {
+  GPT2P_CHECK(
+      dy.is_cuda() && dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) &&
+          dy.scalar_type() == x.scalar_type() && dy.is_contiguous() && x.is_contiguous() &&
+          grad.scalar_type() == torch::kFloat32 && grad.is_contiguous() && grad.dim() == 2 &&
+          grad.size(0) == dy.size(1) && grad.size(1) == x.size(1) && grad.device() == dy.device(),
+      "add_linear_weight_grads: dy " << dy.sizes() << " " << dy.scalar_type() << ", x " << x.sizes()
+                                     << ", grad " << grad.sizes() << " " << grad.scalar_type(),
+      "pass contiguous CUDA dy [n, out], x [n, in] of one type and a float32 grad "
+      "[out, in]");
+  const int64_t n = x.size(0), in = x.size(1), out = dy.size(1);
+  db = torch::empty({out}, x.options().dtype(torch::kFloat32));
+  if (n == 0) {
+    db.zero_();
+    return true;
+  }
+  auto g = detail::lt_gemm_into(grad, x.scalar_type(), {x.data_ptr(), in, n, in, false},
+                                {dy.data_ptr(), out, n, out, true});
+  g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  g.bias = db.data_ptr();
+  g.bias_type = CUDA_R_32F;
+  g.beta = 1.0f;
+  return detail::lt_matmul(g, x.device());
+}
+
+void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
+                           const torch::Tensor& accumulate_into, torch::Tensor& dw,
+                           torch::Tensor& db) {
+  if (accumulate_into.defined()) {
+    torch::Tensor grad = accumulate_into.grad();
+    if (grad.defined() && grad.scalar_type() == torch::kFloat32 && grad.is_contiguous() &&
+        grad.sizes() == accumulate_into.sizes() && grad.device() == dy.device() &&
+        add_linear_weight_grads(dy, x, grad, db)) {
+      dw = torch::Tensor();
+      return;
+    }
+  }
+  weight_and_bias_grads(dy, x, dw, db);
+}
+
 namespace {
 
 class FusedLinear : public torch::autograd::Function<FusedLinear> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias) {
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               bool accumulate_grad) {
     // Autocast would cast the operands to its type; do it here, so backward sees the same operands.
     const auto dtype = compat::autocast_dtype(x.device(), weight.scalar_type());
     const auto xc = x.to(dtype).contiguous();
@@ -57,6 +99,8 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
+    // The weight itself (a leaf), whose .grad backward adds into.
+    if (accumulate_grad) ctx->saved_data["accumulate_into"] = weight;
     return torch::linear(xc, wc, bias.to(dtype));
   }
 
@@ -73,20 +117,23 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     const auto x2 = xc.reshape({-1, xc.size(-1)});
     const auto dx = dy.matmul(wc).to(x_dtype);
     torch::Tensor dw, db;
-    weight_and_bias_grads(dy2, x2, dw, db);
-    return {dx, dw.to(w_dtype), db.to(b_dtype)};
+    const auto into = ctx->saved_data.find("accumulate_into");
+    weight_and_bias_grads(
+        dy2, x2, into != ctx->saved_data.end() ? into->second.toTensor() : torch::Tensor(), dw, db);
+    // One per argument of forward; none for the flag.
+    return {dx, dw.defined() ? dw.to(w_dtype) : dw, db.to(b_dtype), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
-                     const torch::Tensor& bias) {
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     bool accumulate_grad) {
   GPT2P_CHECK(x.is_cuda() && weight.is_cuda() && bias.defined(),
               "kernels::linear: x on " << x.device() << ", weight on " << weight.device()
                                        << (bias.defined() ? "" : ", no bias"),
               "use torch::linear for CPU tensors and layers without a bias");
-  return FusedLinear::apply(x, weight, bias);
+  return FusedLinear::apply(x, weight, bias, accumulate_grad);
 }
 
 }  // namespace gpt2p::kernels

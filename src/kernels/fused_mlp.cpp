@@ -63,7 +63,8 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w_fc, const torch::Tensor& b_fc,
-                               const torch::Tensor& w_proj, const torch::Tensor& b_proj) {
+                               const torch::Tensor& w_proj, const torch::Tensor& b_proj,
+                               bool accumulate_grad) {
     const auto dtype = compat::autocast_dtype(x.device(), w_fc.scalar_type());
     const auto x2 = x.to(dtype).reshape({-1, x.size(-1)}).contiguous();
     // Once per step when a compat::AutocastCacheScope is open (every micro-batch shares the copy).
@@ -81,6 +82,8 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
     ctx->saved_data["p_dtypes"] = std::vector<int64_t>{
         static_cast<int64_t>(w_fc.scalar_type()), static_cast<int64_t>(b_fc.scalar_type()),
         static_cast<int64_t>(w_proj.scalar_type()), static_cast<int64_t>(b_proj.scalar_type())};
+    // The weights themselves (leaves), whose .grad backward adds into.
+    if (accumulate_grad) ctx->saved_data["accumulate_into"] = std::vector<at::Tensor>{w_fc, w_proj};
     auto shape = x.sizes().vec();
     shape.back() = w_proj.size(0);
     return y.view(shape);
@@ -93,25 +96,32 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto dy = grads[0].to(h.scalar_type()).reshape({-1, wproj.size(0)}).contiguous();
     torch::Tensor dw_proj, db_proj, dw_fc, db_fc, dpre;
-    weight_and_bias_grads(dy, h, dw_proj, db_proj);
+    torch::Tensor into_fc, into_proj;
+    if (const auto it = ctx->saved_data.find("accumulate_into"); it != ctx->saved_data.end()) {
+      const auto weights = it->second.toTensorVector();
+      into_fc = weights[0];
+      into_proj = weights[1];
+    }
+    weight_and_bias_grads(dy, h, into_proj, dw_proj, db_proj);
     if (!matmul_dgelu(dy, wproj, pre, dpre)) dpre = at::gelu_backward(dy.mm(wproj), pre, "tanh");
-    weight_and_bias_grads(dpre, x2, dw_fc, db_fc);
+    weight_and_bias_grads(dpre, x2, into_fc, dw_fc, db_fc);
     auto shape = grads[0].sizes().vec();
     shape.back() = wfc.size(1);
     const auto dx = dpre.mm(wfc).to(x_dtype).view(shape);
     // The parameters' gradients in their own types.
     const auto types = ctx->saved_data["p_dtypes"].toIntVector();
     const auto as = [&](const torch::Tensor& g, size_t i) {
-      return g.to(static_cast<torch::ScalarType>(types[i]));
+      return g.defined() ? g.to(static_cast<torch::ScalarType>(types[i])) : g;
     };
-    return {dx, as(dw_fc, 0), as(db_fc, 1), as(dw_proj, 2), as(db_proj, 3)};
+    // One per argument of forward; none for the flag.
+    return {dx, as(dw_fc, 0), as(db_fc, 1), as(dw_proj, 2), as(db_proj, 3), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& w_fc, const torch::Tensor& b_fc,
-                  const torch::Tensor& w_proj, const torch::Tensor& b_proj) {
+                  const torch::Tensor& w_proj, const torch::Tensor& b_proj, bool accumulate_grad) {
   GPT2P_CHECK(x.is_cuda() && w_fc.is_cuda() && w_proj.is_cuda() && b_fc.defined() &&
                   b_proj.defined() && w_fc.dim() == 2 && w_proj.dim() == 2 &&
                   x.size(-1) == w_fc.size(1) && w_proj.size(1) == w_fc.size(0),
@@ -120,7 +130,7 @@ torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& w_fc, const torch
                                  << (b_fc.defined() && b_proj.defined() ? "" : ", a bias missing"),
               "pass CUDA tensors x [..., in], w_fc [hidden, in], w_proj [out, hidden] and both "
               "biases; use torch::linear and torch::gelu otherwise");
-  return FusedMlp::apply(x, w_fc, b_fc, w_proj, b_proj);
+  return FusedMlp::apply(x, w_fc, b_fc, w_proj, b_proj, accumulate_grad);
 }
 
 namespace {

@@ -25,16 +25,19 @@ namespace {
 // epilogue, as PyTorch's Python does. On one H200 the separate pass cost 5.5 ms of a 17.4 ms
 // forward at 16 x 1024 tokens in bf16 (results/2026-12-01-h200-zero-bubble-memory/).
 // With Kernels::kFused on a GPU under bf16 autocast, kernels::linear: the same forward, and the
-// weight and bias gradients from one GEMM in backward.
+// weight and bias gradients from one GEMM in backward (`accumulate`: the weight's added into its
+// .grad by that GEMM, GPT2Impl::set_grad_accumulation).
 torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x,
-                           const std::shared_ptr<WeightGradStore>& store, Kernels path) {
+                           const std::shared_ptr<WeightGradStore>& store, Kernels path,
+                           bool accumulate) {
   if (store) return deferred_linear(x, layer->weight, layer->bias, store);
 #if GPT2P_WITH_CUDA
   if (path == Kernels::kFused && x.is_cuda() && compat::autocast_enabled(x.device())) {
-    return kernels::linear(x, layer->weight, layer->bias);
+    return kernels::linear(x, layer->weight, layer->bias, accumulate);
   }
 #else
   (void)path;
+  (void)accumulate;
 #endif
   return torch::linear(x, layer->weight, layer->bias);
 }
@@ -42,14 +45,14 @@ torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x,
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  auto qkv = apply_linear(c_attn, x, weight_grads, kernels).split(c, /*dim=*/2);
+  auto qkv = apply_linear(c_attn, x, weight_grads, kernels, accumulate_grads).split(c, /*dim=*/2);
   auto heads = [&](const torch::Tensor& y) {
     return y.view({b, t, n_head_, c / n_head_}).transpose(1, 2);  // [B,H,T,D]
   };
   auto y = compat::causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), dropout_,
                                     is_training());
   y = y.transpose(1, 2).contiguous().view({b, t, c});
-  return resid_dropout_(apply_linear(c_proj, y, weight_grads, kernels));
+  return resid_dropout_(apply_linear(c_proj, y, weight_grads, kernels, accumulate_grads));
 }
 
 MLPImpl::MLPImpl(const GPT2Config& config) {
@@ -64,12 +67,13 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // the weight gradients.
   if (kernels == Kernels::kFused && !weight_grads && x.is_cuda() &&
       compat::autocast_enabled(x.device()) && kernels::gelu_epilogue_enabled()) {
-    return dropout_(kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
+    return dropout_(
+        kernels::mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, accumulate_grads));
   }
 #endif
-  return dropout_(apply_linear(c_proj,
-                               torch::gelu(apply_linear(c_fc, x, weight_grads, kernels), "tanh"),
-                               weight_grads, kernels));
+  return dropout_(apply_linear(
+      c_proj, torch::gelu(apply_linear(c_fc, x, weight_grads, kernels, accumulate_grads), "tanh"),
+      weight_grads, kernels, accumulate_grads));
 }
 
 BlockImpl::BlockImpl(const GPT2Config& config) {

@@ -113,6 +113,15 @@ void GPT2Impl::set_kernels(Kernels kernels) {
   }
 }
 
+void GPT2Impl::set_grad_accumulation(bool on) {
+  if (!h) return;
+  for (const auto& block : h->values()) {
+    auto* b = block->as<BlockImpl>();
+    b->attn->accumulate_grads = on;
+    b->mlp->accumulate_grads = on;
+  }
+}
+
 void GPT2Impl::set_weight_grad_store(std::shared_ptr<WeightGradStore> store) {
   if (!h) return;
   for (const auto& block : h->values()) {

@@ -172,6 +172,50 @@ TEST(FusedLinear, BFloat16EqualsTorchLinearWithinBf16Rounding) {
   check_linear(true, 1e-2);
 }
 
+// Two micro-batches through kernels::linear with accumulate_grad, the weight's .grad allocated
+// before (as a graphed pipeline stage keeps it): the weight gradient is added into that very
+// tensor by the GEMM, and after both backwards equals what the plain path accumulates through
+// autograd; without a .grad (the first backward of a run) the layer falls back to handing autograd
+// its gradient.
+TEST(FusedLinear, AccumulatesTheWeightGradientInPlace) {
+  GPT2P_REQUIRE_GPU();
+  torch::manual_seed(7);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const auto w0 = torch::randn({192, 64}, opts) * 0.1, b0 = torch::randn({192}, opts);
+  const torch::Tensor xs[2] = {torch::randn({4, 50, 64}, opts), torch::randn({4, 50, 64}, opts)};
+  const torch::Tensor ups[2] = {torch::randn({4, 50, 192}, opts), torch::randn({4, 50, 192}, opts)};
+  torch::Tensor gw[2], gb[2];
+  for (int i = 0; i < 2; ++i) {
+    const bool accumulate = i == 1;
+    auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    if (accumulate) w.mutable_grad() = torch::zeros_like(w);
+    const auto before = accumulate ? w.grad().data_ptr() : nullptr;
+    for (int mb = 0; mb < 2; ++mb) {
+      torch::Tensor y;
+      {
+        compat::AutocastGuard autocast(kGpu, torch::kBFloat16);
+        y = kernels::linear(xs[mb], w, b, accumulate);
+      }
+      (y.to(torch::kFloat32) * ups[mb]).sum().backward();
+    }
+    if (accumulate) EXPECT_EQ(w.grad().data_ptr(), before) << "the same .grad, added into";
+    gw[i] = w.grad();
+    gb[i] = b.grad();
+  }
+  EXPECT_LT(rel_diff(gw[1], gw[0]), 1e-5);
+  EXPECT_LT(rel_diff(gb[1], gb[0]), 1e-6);
+  // No .grad yet: the gradient reaches autograd as usual.
+  auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+  torch::Tensor y;
+  {
+    compat::AutocastGuard autocast(kGpu, torch::kBFloat16);
+    y = kernels::linear(xs[0], w, b, /*accumulate_grad=*/true);
+  }
+  (y.to(torch::kFloat32) * ups[0]).sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_GT(w.grad().abs().sum().item<double>(), 0.0);
+}
+
 // The whole head: linear_cross_entropy fused against reference.
 void check_head(torch::ScalarType compute, double loss_tol, double grad_tol) {
   torch::manual_seed(3);

@@ -129,6 +129,45 @@ TEST(FusedMlp, BFloat16EqualsTorchOpsWithinBf16Rounding) {
   check_mlp(true, 2e-2);
 }
 
+// kernels::mlp with accumulate_grad over two micro-batches, both weights' .grad allocated before:
+// added into in place, equal to what autograd accumulates without it.
+TEST(FusedMlp, AccumulatesBothWeightGradientsInPlace) {
+  GPT2P_REQUIRE_GPU();
+  torch::manual_seed(15);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const auto wfc0 = torch::randn({256, 64}, opts) * 0.1, bfc0 = torch::randn({256}, opts) * 0.1,
+             wproj0 = torch::randn({64, 256}, opts) * 0.1, bproj0 = torch::randn({64}, opts) * 0.1;
+  const torch::Tensor xs[2] = {torch::randn({4, 50, 64}, opts), torch::randn({4, 50, 64}, opts)};
+  const torch::Tensor ups[2] = {torch::randn({4, 50, 64}, opts), torch::randn({4, 50, 64}, opts)};
+  std::vector<torch::Tensor> grads[2];
+  for (int i = 0; i < 2; ++i) {
+    const bool accumulate = i == 1;
+    auto wfc = wfc0.clone().requires_grad_(true), bfc = bfc0.clone().requires_grad_(true),
+         wproj = wproj0.clone().requires_grad_(true), bproj = bproj0.clone().requires_grad_(true);
+    if (accumulate) {
+      wfc.mutable_grad() = torch::zeros_like(wfc);
+      wproj.mutable_grad() = torch::zeros_like(wproj);
+    }
+    const auto fc_before = accumulate ? wfc.grad().data_ptr() : nullptr;
+    const auto proj_before = accumulate ? wproj.grad().data_ptr() : nullptr;
+    for (int mb = 0; mb < 2; ++mb) {
+      torch::Tensor y;
+      {
+        compat::AutocastGuard autocast(kGpu, torch::kBFloat16);
+        y = kernels::mlp(xs[mb], wfc, bfc, wproj, bproj, accumulate);
+      }
+      (y.to(torch::kFloat32) * ups[mb]).sum().backward();
+    }
+    if (accumulate) {
+      EXPECT_EQ(wfc.grad().data_ptr(), fc_before);
+      EXPECT_EQ(wproj.grad().data_ptr(), proj_before);
+    }
+    grads[i] = {wfc.grad(), bfc.grad(), wproj.grad(), bproj.grad()};
+  }
+  const char* names[] = {"c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"};
+  for (size_t k = 0; k < 4; ++k) EXPECT_LT(rel_diff(grads[1][k], grads[0][k]), 1e-5) << names[k];
+}
+
 // Two blocks of a model (a middle pipeline stage) with --kernels fused under bf16 autocast, their
 // MLPs through kernels::mlp against the fused linears with torch::gelu between: the output and
 // every gradient.

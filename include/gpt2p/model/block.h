@@ -23,6 +23,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   std::shared_ptr<WeightGradStore> weight_grads;  // set: the linears defer their weight gradients
   Kernels kernels = Kernels::kReference;          // kFused: kernels::linear under bf16 autocast
+  bool accumulate_grads = false;  // kFused: weight gradients added into .grad in the GEMM
 
  private:
   int64_t n_head_;
@@ -42,6 +43,7 @@ class MLPImpl : public torch::nn::Module {
   // in the GEMMs' epilogues) instead where kernels::gelu_epilogue_enabled() and weight_grads is
   // not set.
   Kernels kernels = Kernels::kReference;
+  bool accumulate_grads = false;  // kFused: weight gradients added into .grad in the GEMMs
 
  private:
   torch::nn::Dropout dropout_{nullptr};

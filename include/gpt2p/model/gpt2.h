@@ -57,6 +57,13 @@ class GPT2Impl : public torch::nn::Module {
   void set_kernels(Kernels kernels);
   Kernels kernels() const { return kernels_; }
 
+  // With the fused kernels: the blocks' linear layers add their weight gradients into the
+  // weights' .grad inside the weight-gradient GEMM (beta = 1) wherever .grad exists, instead of
+  // handing autograd a gradient to add (kernels/fused_linear.h: weight_and_bias_grads). For a
+  // pipeline stage running several micro-batches a step with .grad kept allocated (its CUDA
+  // graphs); not where a hook must see each backward's weight gradients. Off until set.
+  void set_grad_accumulation(bool on);
+
   // Which activations backward recomputes (options.h). kBlocks: a training forward that autograd
   // records keeps only each block's inputs, and backward runs the block again (recompute.h), on
   // either path of the blocks. Eval and no-grad forwards run the blocks plainly. kNone until set.

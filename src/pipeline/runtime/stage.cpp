@@ -69,6 +69,8 @@ void GptStage::use_graphs(std::shared_ptr<compat::GraphPool> pool) {
               "this is a bug: graph only CUDA stages");
   graphs_ =
       std::make_unique<StageGraphs>(params.front().device(), std::move(pool), n_microbatches_);
+  // .grad now stays allocated: the micro-batches' weight gradients add into it in their GEMMs.
+  model_->set_grad_accumulation(true);
   live_inputs_.assign(static_cast<size_t>(n_microbatches_), torch::Tensor());
 }
 
