@@ -1,6 +1,8 @@
 #include "gpt2p/model/gpt2.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/rng.h"
@@ -114,6 +116,8 @@ void GPT2Impl::set_kernels(Kernels kernels) {
 }
 
 void GPT2Impl::set_grad_accumulation(bool on) {
+  const char* env = std::getenv("GPT2P_GEMM_ACCUMULATE");
+  if (env != nullptr && std::string(env) == "0") on = false;
   if (!h) return;
   for (const auto& block : h->values()) {
     auto* b = block->as<BlockImpl>();

@@ -62,6 +62,8 @@ class GPT2Impl : public torch::nn::Module {
   // handing autograd a gradient to add (kernels/fused_linear.h: weight_and_bias_grads). For a
   // pipeline stage running several micro-batches a step with .grad kept allocated (its CUDA
   // graphs); not where a hook must see each backward's weight gradients. Off until set.
+  // GPT2P_GEMM_ACCUMULATE=0 in the environment keeps it off (autograd adds each gradient), to
+  // compare.
   void set_grad_accumulation(bool on);
 
   // Which activations backward recomputes (options.h). kBlocks: a training forward that autograd
