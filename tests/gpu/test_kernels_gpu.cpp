@@ -198,7 +198,9 @@ TEST(FusedLinear, AccumulatesTheWeightGradientInPlace) {
       }
       (y.to(torch::kFloat32) * ups[mb]).sum().backward();
     }
-    if (accumulate) EXPECT_EQ(w.grad().data_ptr(), before) << "the same .grad, added into";
+    if (accumulate) {
+      EXPECT_EQ(w.grad().data_ptr(), before) << "the same .grad, added into";
+    }
     gw[i] = w.grad();
     gb[i] = b.grad();
   }
