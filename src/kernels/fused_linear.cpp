@@ -8,20 +8,27 @@
 
 namespace gpt2p::kernels {
 
-bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
-                         torch::Tensor& db) {
+namespace {
+
+// Contiguous CUDA dy [n, out] and x [n, in] of one type (bf16, fp16 or fp32), or throws.
+void check_operands(const char* what, const torch::Tensor& dy, const torch::Tensor& x) {
   GPT2P_CHECK(dy.is_cuda() && dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) &&
                   dy.scalar_type() == x.scalar_type() && dy.is_contiguous() && x.is_contiguous() &&
                   (dy.scalar_type() == torch::kBFloat16 || dy.scalar_type() == torch::kHalf ||
                    dy.scalar_type() == torch::kFloat32),
-              "linear_weight_grads: dy " << dy.sizes() << " " << dy.scalar_type() << ", x "
-                                         << x.sizes() << " " << x.scalar_type(),
+              what << ": dy " << dy.sizes() << " " << dy.scalar_type() << ", x " << x.sizes() << " "
+                   << x.scalar_type(),
               "pass contiguous CUDA dy [n, out] and x [n, in] of one type (bf16, fp16 or fp32)");
+}
+
+// dw = dy^T x (beta 0) or dw += dy^T x (beta 1), dw float32 [out, in] and contiguous, and db = the
+// column sums of dy (a new float32 [out]), in one cuBLASLt GEMM whose epilogue reduces dy's rows.
+bool weight_grad_gemm(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
+                      torch::Tensor& db, float beta) {
   const int64_t n = x.size(0), in = x.size(1), out = dy.size(1);
-  dw = torch::empty({out, in}, x.options().dtype(torch::kFloat32));
   db = torch::empty({out}, x.options().dtype(torch::kFloat32));
   if (n == 0) {
-    dw.zero_();
+    if (beta == 0.0f) dw.zero_();
     db.zero_();
     return true;
   }
@@ -32,7 +39,17 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
   g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
   g.bias = db.data_ptr();
   g.bias_type = CUDA_R_32F;
+  g.beta = beta;
   return detail::lt_matmul(g, x.device());
+}
+
+}  // namespace
+
+bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
+                         torch::Tensor& db) {
+  check_operands("linear_weight_grads", dy, x);
+  dw = torch::empty({dy.size(1), x.size(1)}, x.options().dtype(torch::kFloat32));
+  return weight_grad_gemm(dy, x, dw, db, 0.0f);
 }
 
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
@@ -44,28 +61,14 @@ void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torc
 
 bool add_linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& grad,
                              torch::Tensor& db) {
-  GPT2P_CHECK(
-      dy.is_cuda() && dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) &&
-          dy.scalar_type() == x.scalar_type() && dy.is_contiguous() && x.is_contiguous() &&
-          grad.scalar_type() == torch::kFloat32 && grad.is_contiguous() && grad.dim() == 2 &&
-          grad.size(0) == dy.size(1) && grad.size(1) == x.size(1) && grad.device() == dy.device(),
-      "add_linear_weight_grads: dy " << dy.sizes() << " " << dy.scalar_type() << ", x " << x.sizes()
-                                     << ", grad " << grad.sizes() << " " << grad.scalar_type(),
-      "pass contiguous CUDA dy [n, out], x [n, in] of one type and a float32 grad "
-      "[out, in]");
-  const int64_t n = x.size(0), in = x.size(1), out = dy.size(1);
-  db = torch::empty({out}, x.options().dtype(torch::kFloat32));
-  if (n == 0) {
-    db.zero_();
-    return true;
-  }
-  auto g = detail::lt_gemm_into(grad, x.scalar_type(), {x.data_ptr(), in, n, in, false},
-                                {dy.data_ptr(), out, n, out, true});
-  g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-  g.bias = db.data_ptr();
-  g.bias_type = CUDA_R_32F;
-  g.beta = 1.0f;
-  return detail::lt_matmul(g, x.device());
+  check_operands("add_linear_weight_grads", dy, x);
+  GPT2P_CHECK(grad.scalar_type() == torch::kFloat32 && grad.is_contiguous() && grad.dim() == 2 &&
+                  grad.size(0) == dy.size(1) && grad.size(1) == x.size(1) &&
+                  grad.device() == dy.device(),
+              "add_linear_weight_grads: grad " << grad.sizes() << " " << grad.scalar_type()
+                                               << " for dy " << dy.sizes() << ", x " << x.sizes(),
+              "pass a contiguous float32 grad [out, in] on dy's device");
+  return weight_grad_gemm(dy, x, grad, db, 1.0f);
 }
 
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
