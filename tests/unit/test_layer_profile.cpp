@@ -400,5 +400,31 @@ TEST(PpPlan, AMicroBatchCountThatDoesNotDivideTheBatchIsAUsageError) {
   EXPECT_NE(text.find("3 does not divide --batch-size 16"), std::string::npos) << text;
 }
 
+// --cuda-graphs as pp_train takes it: off is named as the reason the layers ran eagerly; a word
+// that is not auto or off is a usage error naming both.
+TEST(PpPlan, CudaGraphsOffIsNamedAndABadWordIsAUsageError) {
+  testing::TempDir dir;
+  const std::string json = (dir / "plan.json");
+  const std::string ok = plan_binary() +
+                         " --device cpu --preset tiny --n-layer 2 --vocab-size 300 --stages 2"
+                         " --batch-size 4 --seq-len 8 --microbatches 2 --reps 1 --cuda-graphs off"
+                         " --json-out " +
+                         json + " > " + (dir / "out.txt") + " 2>&1";
+  ASSERT_EQ(std::system(ok.c_str()), 0) << ok;
+  const auto doc = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(doc["layers_timed_as"], "eager");
+  EXPECT_EQ(doc["layers_eager_because"], "--cuda-graphs off");
+  const std::string bad =
+      plan_binary() + " --device cpu --cuda-graphs sometimes > " + (dir / "err.txt") + " 2>&1";
+  const int status = std::system(bad.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  std::ifstream err(dir / "err.txt");
+  const std::string text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("--cuda-graphs 'sometimes' is not one of"), std::string::npos) << text;
+  EXPECT_NE(text.find("auto"), std::string::npos) << text;
+  EXPECT_NE(text.find("off"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace gpt2p::pipeline
