@@ -145,7 +145,6 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
     if (count && bytes != nullptr) *bytes = kept_bytes(part, device);
     return seconds;
   };
-
   const double one = time(1, 2, &kept.block), embedding = time(0, 1, &kept.embedding),
                head = time(L + 1, L + 2, &kept.head);
   if (count) {
