@@ -18,6 +18,8 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
+#include "gpt2p/parallel/train/graphed_step.h"
+#include "gpt2p/parallel/train/options.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
 #include "gpt2p/pipeline/perf/planner.h"
 #include "gpt2p/pipeline/plan/partition.h"
@@ -300,6 +302,34 @@ TEST(PlanGraphBlocker, NamesWhyTheStagesWouldRunEagerly) {
   blocked([](PlanSpec& s) { s.replicas = 2; }, "replicas");
   spec.cuda_graphs = false;
   EXPECT_EQ(plan_graph_blocker(spec, c10::kCPU), "--cuda-graphs off");
+}
+
+// pp_plan and the trainers ask one question (graph_terms.h): the same run gets the same answer
+// from both, in the same words, for every reason the trainers' flags can give.
+TEST(PlanGraphBlocker, AnswersAsTheTrainersDo) {
+  const c10::Device gpu(c10::kCUDA, 0);
+  const auto both = [&](const std::function<void(PlanSpec&, parallel::TrainConfig&)>& change) {
+    PlanSpec spec;
+    spec.loss_fraction = 1.0;
+    parallel::TrainConfig cfg;
+    cfg.compute.loss_positions = model::LossPositions::kAll;
+    change(spec, cfg);
+    EXPECT_EQ(plan_graph_blocker(spec, gpu), parallel::graph_blocker(cfg, gpu));
+    EXPECT_EQ(plan_graph_blocker(spec, c10::kCPU), parallel::graph_blocker(cfg, c10::kCPU));
+  };
+  both([](PlanSpec&, parallel::TrainConfig&) {});
+  both([](PlanSpec& s, parallel::TrainConfig& c) {
+    s.cuda_graphs = false;
+    c.compute.cuda_graphs = parallel::CudaGraphs::kOff;
+  });
+  both([](PlanSpec& s, parallel::TrainConfig& c) {
+    s.loss_fraction = 0.09;
+    c.compute.loss_positions = model::LossPositions::kTargets;
+  });
+  both([](PlanSpec& s, parallel::TrainConfig& c) {
+    s.recompute = model::Recompute::kBlocks;
+    c.compute.recompute = model::Recompute::kBlocks;
+  });
 }
 
 // --gpus 4: every D x P = 4 the model allows (4 blocks: 4 x 1, 2 x 2, 1 x 4), each at its fastest

@@ -8,16 +8,16 @@
 namespace gpt2p::parallel {
 
 std::string graph_blocker(const TrainConfig& cfg, const torch::Device& device) {
-  if (cfg.compute.cuda_graphs == CudaGraphs::kOff) return "--cuda-graphs off";
-  if (!device.is_cuda() || !compat::cuda_graphs_built()) return "the device is not a GPU";
-  if (cfg.compute.loss_positions != model::LossPositions::kAll) {
-    return "--loss-positions targets gives every batch its own number of head rows; "
-           "--loss-positions all keeps them fixed";
-  }
-  if (cfg.compute.recompute != model::Recompute::kNone) {
-    return "--recompute blocks reads the dropout state on the host";
-  }
-  return "";
+  return pipeline::graph_blocker(graph_terms(cfg, device));
+}
+
+pipeline::GraphTerms graph_terms(const TrainConfig& cfg, const torch::Device& device) {
+  pipeline::GraphTerms terms;
+  terms.requested = cfg.compute.cuda_graphs != CudaGraphs::kOff;
+  terms.gpu = device.is_cuda();
+  terms.every_position = cfg.compute.loss_positions == model::LossPositions::kAll;
+  terms.recompute = cfg.compute.recompute != model::Recompute::kNone;
+  return terms;
 }
 
 GraphedStep::GraphedStep(const torch::Device& device, std::string blocker, bool announce)

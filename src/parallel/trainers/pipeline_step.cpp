@@ -334,10 +334,10 @@ class PipelineStep final : public StepStrategy {
 }  // namespace
 
 std::string pipeline_graph_blocker(const RunContext& ctx) {
-  if (auto why = graph_blocker(ctx.cfg, ctx.device); !why.empty()) return why;
-  if (ctx.mesh.dp() > 1) return "the replicas' gradient sum starts inside backward";
-  if (ctx.cfg.pipeline.zero_bubble) return "--zero-bubble defers weight gradients outside backward";
-  return "";
+  pipeline::GraphTerms terms = graph_terms(ctx.cfg, ctx.device);
+  terms.zero_bubble = ctx.cfg.pipeline.zero_bubble;
+  terms.replicas = ctx.mesh.dp();
+  return pipeline::graph_blocker(terms);
 }
 
 std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,

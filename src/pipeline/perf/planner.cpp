@@ -11,6 +11,7 @@
 #include "gpt2p/pipeline/perf/predict.h"
 #include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
+#include "gpt2p/pipeline/runtime/graph_terms.h"
 
 namespace gpt2p::pipeline {
 
@@ -156,16 +157,14 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 }
 
 std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device) {
-  if (!spec.cuda_graphs) return "--cuda-graphs off";
-  if (!device.is_cuda() || !compat::cuda_graphs_built()) return "the device is not a GPU";
-  if (spec.loss_fraction < 1.0) {
-    return "the head runs at the target positions only (--loss-fraction below 1, pp_train's "
-           "--loss-positions targets), whose count changes with every batch";
-  }
-  if (spec.recompute != model::Recompute::kNone) return "pp_train --recompute blocks runs eagerly";
-  if (spec.zero_bubble) return "pp_train --zero-bubble runs eagerly";
-  if (spec.replicas > 1) return "pp_train with data-parallel replicas (--dp) runs eagerly";
-  return "";
+  GraphTerms terms;
+  terms.requested = spec.cuda_graphs;
+  terms.gpu = device.is_cuda();
+  terms.every_position = spec.loss_fraction >= 1.0;  // below 1: --loss-positions targets
+  terms.recompute = spec.recompute != model::Recompute::kNone;
+  terms.zero_bubble = spec.zero_bubble;
+  terms.replicas = spec.replicas;
+  return graph_blocker(terms);
 }
 
 std::string why_no_plan(const PlanSpec& spec, int64_t n_layer) {

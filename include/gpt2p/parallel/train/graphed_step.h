@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpt2p/compat/cuda_graph.h"
+#include "gpt2p/pipeline/runtime/graph_terms.h"
 
 namespace gpt2p::parallel {
 
@@ -32,6 +33,8 @@ struct TrainConfig;
 // change with every batch), --recompute blocks (it reads the dropout state on the host). Each
 // trainer adds its own reasons.
 std::string graph_blocker(const TrainConfig& cfg, const torch::Device& device);
+// The terms of that answer (pipeline::GraphTerms), for a trainer that adds its own.
+pipeline::GraphTerms graph_terms(const TrainConfig& cfg, const torch::Device& device);
 
 class GraphedStep {
  public:

@@ -95,11 +95,11 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 // its reason instead of printing an empty table.
 std::string why_no_plan(const PlanSpec& spec, int64_t n_layer);
 
-// Why pp_train would launch this plan's stages eagerly instead of as CUDA graphs, as its
-// pipeline_graph_blocker says it (--cuda-graphs off, not a GPU, the head at the target positions
-// only, --recompute blocks, --zero-bubble, data-parallel replicas), or "" when they would run as
-// graphs. make_plan times the layers the same way. With --zero-bubble every row is timed eagerly,
-// the unsplit ones included.
+// Why pp_train would launch this plan's stages eagerly instead of as CUDA graphs, in its words
+// (both ask graph_blocker in graph_terms.h: --cuda-graphs off, not a GPU, the head at the target
+// positions only, --recompute blocks, --zero-bubble, data-parallel replicas), or "" when they would
+// run as graphs. make_plan times the layers the same way. With --zero-bubble every row is timed
+// eagerly, the unsplit ones included.
 std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device);
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
