@@ -21,11 +21,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
 #include "gpt2p/compat/device.h"
+#include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
@@ -45,6 +47,7 @@ struct Flags {
   gpt2p::model::Kernels kernels = gpt2p::model::Kernels::kAuto;
   gpt2p::parallel::DeviceKind device = gpt2p::parallel::DeviceKind::kAuto;
   std::string json_out;
+  std::string profile;         // --profile DIR: a Chrome trace of the layer profile
   int gpus = 0;                // > 0: predict every D x P split of this many GPUs
   double allreduce_gbs = 250;  // bus bandwidth of the replicas' gradient all-reduce
   std::string data = ".cache/data/ding-gpt2.h5";
@@ -115,7 +118,8 @@ bool parse_flags(int argc, char** argv, Flags& f) {
       ("loss-fraction", po::value(&f.loss_fraction), "share of positions whose loss counts, where pp_train runs the head (its default --loss-positions targets); 1 = every position (--loss-positions all). Default: the share in --data's first --max-train-pairs pairs at --seq-len, as pp_train prints it; 1 when that file is missing")
       ("data", po::value(&f.data)->default_value(f.data), "prepared dataset the default --loss-fraction is read from")
       ("max-train-pairs", po::value(&f.max_train_pairs)->default_value(f.max_train_pairs), "training pairs of --data counted (pp_train's --max-train-pairs; 0 = all)")
-      ("json-out", po::value(&f.json_out)->default_value(""), "also write every prediction to this JSON file (atomically)");
+      ("json-out", po::value(&f.json_out)->default_value(""), "also write every prediction to this JSON file (atomically)")
+      ("profile", po::value(&f.profile)->default_value(""), "write a Chrome trace of the layer profile's operators and CUDA kernels (libtorch's profiler) to DIR/trace.json, to compare the parts timed alone with a trainer's --profile of the same layers (analysis/kernel_table.py)");
   // clang-format on
   po::variables_map vm;
   if (!gpt2p::cli::parse_or_help("pp_plan",
@@ -177,6 +181,13 @@ bool parse_flags(int argc, char** argv, Flags& f) {
                      ": pass a pair count >= 0 (0 = all)");
   if (s.zero != 0 && s.zero != 1)
     throw UsageError("--zero " + std::to_string(s.zero) + ": pass 0 or 1");
+  if (!f.profile.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(f.profile, ec) && !std::filesystem::is_directory(f.profile, ec))
+      throw UsageError("--profile " + f.profile +
+                       ": not a directory; name a folder for trace.json");
+    gpt2p::compat::Profiler::require_available();
+  }
   if (vm.count("loss-fraction") && !(f.loss_fraction > 0 && f.loss_fraction <= 1))
     throw UsageError("--loss-fraction " + std::to_string(f.loss_fraction) +
                      ": pass a share in (0, 1], e.g. 0.094");
@@ -258,6 +269,12 @@ int run(Flags f) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::fprintf(stderr, "pp_plan: %s on %s (%.0f s so far)\n", what.c_str(), where.c_str(), s);
   };
+  std::optional<gpt2p::compat::Profiler> profiler;
+  if (!f.profile.empty()) {
+    std::filesystem::create_directories(f.profile);
+    profiler.emplace(device);
+    profiler->start();
+  }
   nlohmann::json doc;
   if (f.gpus > 0) {
     pl::print_hybrid_header(stdout, f.gpus, f.spec);
@@ -271,6 +288,11 @@ int run(Flags f) {
                 "change --stages, --stages-per-rank or --microbatches");
     pl::print_plan(stdout, plan, f.spec, config, where);
     if (!f.json_out.empty()) doc = pl::plan_document(plan, f.spec, config, where);
+  }
+  if (profiler) {
+    const std::string trace = (std::filesystem::path(f.profile) / "trace.json").string();
+    profiler->stop(trace);
+    std::printf("# profile of the layer timing written to %s\n", trace.c_str());
   }
   if (!f.json_out.empty()) gpt2p::write_text_atomically(f.json_out, doc.dump(2) + "\n");
   return 0;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/parallel/train/graphed_step.h"
@@ -454,6 +455,45 @@ TEST(PpPlan, CudaGraphsOffIsNamedAndABadWordIsAUsageError) {
   EXPECT_NE(text.find("--cuda-graphs 'sometimes' is not one of"), std::string::npos) << text;
   EXPECT_NE(text.find("auto"), std::string::npos) << text;
   EXPECT_NE(text.find("off"), std::string::npos) << text;
+}
+
+// --profile DIR traces the layer timing (where libtorch has its profiler); a file in its place is a
+// usage error that leaves the file as it was.
+TEST(PpPlan, ProfileWritesATraceIntoAFolder) {
+  testing::TempDir dir;
+  const std::string file = (dir / "taken");
+  std::ofstream(file) << "keep\n";
+  const std::string base = plan_binary() +
+                           " --device cpu --preset tiny --n-layer 2 --vocab-size 300 --stages 1"
+                           " --batch-size 2 --seq-len 8 --microbatches 1 --stages-per-rank 1"
+                           " --reps 1 --profile ";
+  const auto run = [&](const std::string& where, const std::string& log) {
+    const std::string cmd = base + where + " > " + (dir / log) + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(status)) << cmd;
+    std::ifstream in(dir / log);
+    return std::make_pair(WEXITSTATUS(status), std::string((std::istreambuf_iterator<char>(in)),
+                                                           std::istreambuf_iterator<char>()));
+  };
+  const auto [rc, text] = run(file, "file.txt");
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--profile " + file + ": not a directory"), std::string::npos) << text;
+  std::ifstream kept(file);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>()),
+            "keep\n");
+  const std::string folder = (dir / "trace");
+  const auto [rc2, text2] = run(folder, "dir.txt");
+  if (!compat::Profiler::available()) {  // refused as the trainers refuse it
+    EXPECT_EQ(rc2, 1) << text2;
+    EXPECT_NE(text2.find("without Kineto"), std::string::npos) << text2;
+    return;
+  }
+  ASSERT_EQ(rc2, 0) << text2;
+  const auto trace = nlohmann::json::parse(std::ifstream(folder + "/trace.json"));
+  EXPECT_FALSE(trace["traceEvents"].empty());
+  EXPECT_NE(text2.find("# profile of the layer timing written to " + folder + "/trace.json"),
+            std::string::npos)
+      << text2;
 }
 
 }  // namespace
