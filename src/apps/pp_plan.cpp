@@ -7,8 +7,10 @@
 //   pp_plan --gpus 4 --batch-size 64 ...    every D x P = 4 (pp_train --dp D on P-rank pipelines)
 //
 // The prediction assumes identical devices per stage, backward = 2/3 of a layer's forward +
-// backward time, and --link-gbs for activation/gradient transfers; it leaves out the optimizer
-// step, the tied-weight exchange and the loss broadcast (the same for every plan). Each plan also
+// backward time, and --link-gbs for activation/gradient transfers. Each step ends with every
+// stage's work after the schedule (gradient norm and clip, AdamW, zeroing), timed with the
+// trainer's own functions and scaled to each stage's parameters; it leaves out the tied-weight
+// exchange and the loss broadcast. Each plan also
 // gets its busiest rank's peak memory (pipeline/perf/memory.h): fp32 weights, gradients and AdamW
 // moments (sharded over the replicas with --zero 1) plus the activations its schedule keeps, as
 // the CUDA allocator counts them for each layer, or estimated from the shapes on the CPU. On a GPU
@@ -21,17 +23,22 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 
 #include "gpt2p/cli/main_guard.h"
 #include "gpt2p/cli/options.h"
+#include "gpt2p/compat/adamw.h"
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/atomic_file.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
+#include "gpt2p/model/gpt2.h"
+#include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
 #include "gpt2p/parallel/train/context.h"
 #include "gpt2p/parallel/train/options.h"
 #include "gpt2p/pipeline/perf/hybrid.h"
@@ -268,6 +275,23 @@ int run(Flags f) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::fprintf(stderr, "pp_plan: %s on %s (%.0f s so far)\n", what.c_str(), where.c_str(), s);
+  };
+  // What pp_train does on each stage once its schedule ends, with its own functions: the
+  // gradient norm and clip at its default --grad-clip, AdamW, .grad zeroed in place.
+  f.spec.step_tail = [&f](gpt2p::model::GPT2& part) -> std::function<void()> {
+    std::shared_ptr<gpt2p::compat::FusedAdamW> adamw =
+        gpt2p::parallel::make_adamw(f.train, part->parameters());
+    const std::vector<gpt2p::model::GPT2> stages{part};
+    const double clip = f.train.optim.grad_clip;
+    return [adamw, stages, clip] {
+      if (clip > 0) gpt2p::parallel::clip_grad_norm_pipeline(stages, nullptr, clip);
+      adamw->step();
+      std::vector<torch::Tensor> grads;
+      for (auto& p : stages.front()->parameters()) {
+        if (p.grad().defined()) grads.push_back(p.mutable_grad());
+      }
+      at::_foreach_zero_(grads);
+    };
   };
   std::optional<gpt2p::compat::Profiler> profiler;
   if (!f.profile.empty()) {

@@ -260,6 +260,12 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   }
   // M = 1 is always timed (the model-parallel baseline): rows 4, 2 and 1.
   EXPECT_EQ(doc["layer_costs_s_by_rows"].size(), 3U);
+  // The step after the schedule (the trainer's norm, AdamW and zeroing) is timed and announced,
+  // and every prediction ends with it.
+  EXPECT_NE(said.find("pp_plan: timing the step after the schedule"), std::string::npos) << said;
+  ASSERT_TRUE(doc["step_tail"].is_object()) << doc.dump();
+  EXPECT_GE(doc["step_tail"]["fixed_s"].get<double>(), 0.0);
+  EXPECT_GT(doc["step_tail"]["per_parameter_s"].get<double>(), 0.0);
   EXPECT_EQ(doc["layer_costs_s_by_rows"]["4"].size(), 4U);  // embedding, 2 blocks, head
   EXPECT_GE(doc["stage_overhead_s_by_rows"]["4"].get<double>(), 0.0);
   // 3 partitions x 2 M x 2 schedules.

@@ -63,6 +63,32 @@ TEST(Predict, TheSlowestStageSetsTheSteadyState) {
   EXPECT_LE(p.step, 16 * 4.0 + 2.0 + 1e-9);  // plus one pass through the faster stage
 }
 
+// The work after the schedule runs per rank, its stages one after another, and the step ends with
+// the slowest rank's: rank r holds stages r, r + n, ... (interleaved).
+TEST(Predict, TheSlowestRanksTailEndsTheStep) {
+  const std::vector<double> costs(8, 1.0);
+  const Partition four{{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+  StepModel model;
+  model.stages_per_rank = 2;
+  const auto bare = predict_step(ScheduleKind::kInterleaved, 4, four, costs, model);
+  EXPECT_EQ(bare.tail, 0.0);
+  model.stage_tail = {1.0, 0.5, 2.0, 0.25};  // rank 0: stages 0 and 2, rank 1: stages 1 and 3
+  const auto tailed = predict_step(ScheduleKind::kInterleaved, 4, four, costs, model);
+  EXPECT_DOUBLE_EQ(tailed.tail, 3.0);
+  EXPECT_DOUBLE_EQ(tailed.step, bare.step + 3.0);
+  EXPECT_EQ(tailed.bubble, bare.bubble);  // the schedule itself is untouched
+  model.stage_tail = {1.0, 2.0};
+  EXPECT_NE(error_of([&] {
+              predict_step(ScheduleKind::kInterleaved, 4, four, costs, model);
+            }).find("2 stage tails for 4 stages"),
+            std::string::npos);
+  model.stage_tail = {1.0, -1.0, 0.0, 0.0};
+  EXPECT_NE(error_of([&] {
+              predict_step(ScheduleKind::kInterleaved, 4, four, costs, model);
+            }).find("stage 1's tail -1 < 0"),
+            std::string::npos);
+}
+
 TEST(Predict, TransfersAddToTheCriticalPath) {
   const auto costs = equal_stage_costs(2);
   const auto split = partition_balanced(costs, 2);

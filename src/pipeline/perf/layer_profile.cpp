@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -54,6 +55,7 @@ class Part {
     if (graphed_) stage_.set_batch(batch_);
     backward(forward());
   }
+  model::GPT2& layers() { return layers_; }
   void use_graphs() {
     stage_.use_graphs(std::make_shared<compat::GraphPool>());
     graphed_ = true;
@@ -77,19 +79,25 @@ class Part {
   bool graphed_ = false;
 };
 
-// Fastest round's seconds per forward + backward of `part`.
-double time_part(Part& part, const torch::Device& device, int warmup, int reps, int rounds) {
-  for (int i = 0; i < warmup; ++i) part.iteration();
+// Fastest round's seconds per call of `work`.
+double time_work(const std::function<void()>& work, const torch::Device& device, int warmup,
+                 int reps, int rounds) {
+  for (int i = 0; i < warmup; ++i) work();
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < rounds; ++r) {
     compat::synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) part.iteration();
+    for (int i = 0; i < reps; ++i) work();
     compat::synchronize(device);
     const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
     best = std::min(best, dt.count() / reps);
   }
   return best;
+}
+
+// Fastest round's seconds per forward + backward of `part`.
+double time_part(Part& part, const torch::Device& device, int warmup, int reps, int rounds) {
+  return time_work([&part] { part.iteration(); }, device, warmup, reps, rounds);
 }
 
 // What the allocator holds on `device` now. compat has no query of the current allocation, but
@@ -172,6 +180,44 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   t.head = head - stage;
   t.activations = kept;
   return t;
+}
+
+StepTail measure_step_tail(const model::GPT2Config& config, int64_t seq_len,
+                           torch::ScalarType autocast, const c10::Device& device,
+                           model::Kernels kernels, const StepTailRunner& runner, int reps,
+                           int rounds) {
+  GPT2P_CHECK(runner != nullptr, "measure_step_tail: no work to time",
+              "pass the closure that runs a stage's step after the schedule");
+  GPT2P_CHECK(
+      seq_len >= 1 && reps >= 1 && rounds >= 1,
+      "measure_step_tail: seq_len " << seq_len << ", reps " << reps << ", rounds " << rounds,
+      "pass at least one token, one rep and one round");
+  const int k = std::min<int>(4, static_cast<int>(config.n_layer));
+  // Seconds of the work on blocks [1, 1 + blocks), and the parameters they hold.
+  const auto time = [&](int blocks) {
+    Part part(config, {1, 1 + blocks}, 1, seq_len, autocast, device, 1.0, kernels);
+    part.iteration();  // the gradients
+    double params = 0;
+    for (const auto& p : part.layers()->parameters()) params += static_cast<double>(p.numel());
+    const std::function<void()> work = runner(part.layers());
+    return std::make_pair(params, time_work(work, device, 2, reps, rounds));
+  };
+  const auto [p1, t1] = time(1);
+  StepTail tail;
+  tail.measured = true;
+  tail.per_parameter = t1 / p1;
+  if (k > 1) {
+    const auto [pk, tk] = time(k);
+    const double slope = (tk - t1) / (pk - p1);
+    // Timing noise that tips the line below zero leaves the mean per parameter of the chain.
+    if (slope > 0 && t1 - slope * p1 >= 0) {
+      tail.per_parameter = slope;
+      tail.fixed = t1 - slope * p1;
+    } else {
+      tail.per_parameter = tk / pk;
+    }
+  }
+  return tail;
 }
 
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpt2p/pipeline/perf/hybrid.h"
+#include "gpt2p/pipeline/perf/memory.h"
 #include "gpt2p/pipeline/perf/planner.h"
 
 namespace gpt2p::pipeline {
@@ -63,6 +64,18 @@ void print_plan(std::FILE* out, const Plan& plan, const PlanSpec& spec,
     std::fprintf(out, "# %6lld %10.3f %10.3f %10.3f %11.2f %10.3f\n",
                  static_cast<long long>(it->first), 1e3 * t.embedding, 1e3 * t.block, 1e3 * t.head,
                  t.head / t.block, 1e3 * t.stage);
+  }
+  if (plan.tail.measured) {
+    // The whole model on one stage, as the largest a stage can be.
+    const double all = stage_parameters(config, {0, static_cast<int>(config.num_stage_layers())});
+    std::fprintf(out,
+                 "# after the schedule, once per step and stage (gradient norm and clip, AdamW, "
+                 "zeroing .grad): %.3f ms + %.3f ms per 10M parameters (%.3f ms for the whole "
+                 "model), in every step_ms below\n",
+                 1e3 * plan.tail.fixed, 1e3 * 1e7 * plan.tail.per_parameter,
+                 1e3 * (plan.tail.fixed + plan.tail.per_parameter * all));
+  } else {
+    std::fprintf(out, "# step_ms below: the schedule alone (the step after it is not timed)\n");
   }
   for (const auto& note : plan.notes) std::fprintf(out, "# %s\n", note.c_str());
   if (!plan.rows.empty()) std::fprintf(out, "%s\n", memory_note(spec, plan.rows.front()).c_str());

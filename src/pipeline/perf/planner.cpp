@@ -61,8 +61,20 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   // per stage and micro-batch what a forward + backward call costs (the profile's `stage`).
   const double weight_share =
       block_weight_share(static_cast<int>(config.n_embd), static_cast<int>(spec.seq_len));
-  const auto step_model = [&](int m, int v, bool zb = false, int extra_live = 0) {
+  if (spec.step_tail) {
+    if (spec.progress) spec.progress("timing the step after the schedule (norm, AdamW, zeroing)");
+    plan.tail = measure_step_tail(config, spec.seq_len, model::autocast_type(spec.precision),
+                                  device, spec.kernels, spec.step_tail, spec.reps, 3);
+  }
+  const auto step_model = [&](int m, int v, const Partition& stages, bool zb = false,
+                              int extra_live = 0) {
     StepModel model;
+    if (plan.tail.measured) {
+      for (const LayerRange& stage : stages) {
+        model.stage_tail.push_back(plan.tail.fixed +
+                                   plan.tail.per_parameter * stage_parameters(config, stage));
+      }
+    }
     model.comm = transfer(m);
     model.stages_per_rank = v;
     model.stage_overhead = plan.times.at(spec.batch_size / m).stage;
@@ -111,12 +123,12 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
       if (!split) continue;
       // model_parallel on the same split: the whole batch as one micro-batch.
       const double mp =
-          predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1)).step;
+          predict_step(ScheduleKind::kGPipe, 1, *split, costs[1], step_model(1, 1, *split)).step;
       const auto add = [&](ScheduleKind kind, int v, const Partition& stages) {
         for (const std::optional<int>& zb : variants) {
           if (zb && m == 1) continue;
-          const StepPrediction p = predict_step(kind, m, stages, costs[m],
-                                                step_model(m, v, zb.has_value(), zb.value_or(0)));
+          const StepPrediction p = predict_step(
+              kind, m, stages, costs[m], step_model(m, v, stages, zb.has_value(), zb.value_or(0)));
           const double mv = static_cast<double>(m) * v;
           const double bubble = (n - 1) * (zb ? 1.0 - 2.0 * weight_share : 1.0);
           const ActivationBytes& kept = plan.times.at(spec.batch_size / m).activations;
@@ -225,8 +237,13 @@ nlohmann::json to_json(const Plan& plan, int n_layer) {
                     {"peak_memory_bytes", r.peak_memory_bytes},
                     {"peak_memory_measured", r.peak_memory_measured}});
   }
+  nlohmann::json tail = nullptr;  // not measured: the predictions are the schedule's alone
+  if (plan.tail.measured) {
+    tail = {{"fixed_s", plan.tail.fixed}, {"per_parameter_s", plan.tail.per_parameter}};
+  }
   return {{"layer_costs_s_by_rows", costs},
           {"stage_overhead_s_by_rows", overheads},
+          {"step_tail", tail},
           {"activation_bytes_by_rows", kept},
           {"predictions", rows}};
 }

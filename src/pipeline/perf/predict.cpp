@@ -1,5 +1,7 @@
 #include "gpt2p/pipeline/perf/predict.h"
 
+#include <algorithm>
+
 #include "gpt2p/core/error.h"
 #include "gpt2p/pipeline/plan/simulator.h"
 #include "gpt2p/pipeline/plan/zero_bubble.h"
@@ -55,11 +57,24 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
                                                     model.zb_extra_live)
                         : make_schedule(kind, n_microbatches, n, stages_per_rank);
   const SimResult sim = simulate(schedule, costs, Transfers::kStreamPerDirection);
+  GPT2P_CHECK(
+      model.stage_tail.empty() || model.stage_tail.size() == partition.size(),
+      "predict_step: " << model.stage_tail.size() << " stage tails for " << n_stages << " stages",
+      "pass one tail per stage of the partition, or none");
+  std::vector<double> rank_tail(static_cast<size_t>(n), 0.0);
+  for (size_t s = 0; s < model.stage_tail.size(); ++s) {
+    GPT2P_CHECK(model.stage_tail[s] >= 0.0,
+                "predict_step: stage " << s << "'s tail " << model.stage_tail[s] << " < 0",
+                "pass tails >= 0");
+    rank_tail[s % static_cast<size_t>(n)] += model.stage_tail[s];  // stage s runs on rank s % n
+  }
+  const double tail = *std::max_element(rank_tail.begin(), rank_tail.end());
   GPT2P_CHECK(sim.ok,
               "predict_step: the " << to_string(kind) << " plan for m = " << n_microbatches
                                    << ", n = " << n << " deadlocks: " << sim.deadlock_reason,
               "report this: every schedule pp_train runs must simulate without deadlock");
-  return {sim.makespan, sim.bubble_fraction, sim.busy, sim.max_live_activations, schedule};
+  return {sim.makespan + tail,      tail,    sim.bubble_fraction, sim.busy,
+          sim.max_live_activations, schedule};
 }
 
 }  // namespace gpt2p::pipeline

@@ -19,11 +19,16 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/options.h"
 #include "gpt2p/pipeline/perf/memory.h"
+
+namespace gpt2p::model {
+class GPT2;
+}
 
 namespace gpt2p::pipeline {
 
@@ -74,6 +79,29 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
                                bool measure_memory = true,
                                model::Kernels kernels = model::Kernels::kReference,
                                bool graphs = false);
+
+// A stage's work after the schedule, once per step: `fixed` + `per_parameter` x the parameters it
+// holds (memory.h: stage_parameters). Its gradient norm, AdamW and the zeroing of .grad read and
+// write every parameter's state; the fixed part is their launches and the norm's read back.
+struct StepTail {
+  double fixed = 0;
+  double per_parameter = 0;
+  bool measured = false;  // false: not measured, the predictions leave the tail out
+};
+
+// Given a part of the model whose .grad exist, the closure that runs that work on it once (the
+// trainer's own code: pp_plan passes it, this layer does not know the trainer).
+using StepTailRunner = std::function<std::function<void()>(model::GPT2&)>;
+
+// Times `runner`'s work on one block and on a chain of min(4, n_layer) blocks, each built alone
+// (one row of seq_len tokens, one forward + backward to make the gradients), as
+// measure_layer_times times its parts (the fastest of `rounds` rounds of `reps`), and fits the
+// line through the two. A model of one block, or noise that tips the line below zero, gives a
+// fixed part of 0 and the mean per parameter.
+StepTail measure_step_tail(const model::GPT2Config& config, int64_t seq_len,
+                           c10::ScalarType autocast, const c10::Device& device,
+                           model::Kernels kernels, const StepTailRunner& runner, int reps = 5,
+                           int rounds = 3);
 
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);

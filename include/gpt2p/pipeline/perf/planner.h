@@ -48,6 +48,10 @@ struct PlanSpec {
   // pp_train --cuda-graphs auto: time the layers as CUDA graphs where pp_train would run this plan
   // so (plan_graph_blocker), the way its stages then run; false (--cuda-graphs off): eagerly.
   bool cuda_graphs = true;
+  // A stage's work after the schedule (layer_profile.h: StepTailRunner; pp_plan passes the
+  // trainer's gradient norm and clip, AdamW and zeroing). Set: it is timed and every prediction
+  // ends with it. Empty: the predictions are the schedule's alone.
+  StepTailRunner step_tail;
   // Told before each micro-batch size is timed (the slow part: minutes for a large model on a
   // CPU): "timing micro-batches of R rows (k of n)". Empty: nothing said.
   std::function<void(const std::string&)> progress;
@@ -75,6 +79,7 @@ struct PlanRow {
 
 struct Plan {
   std::map<int64_t, LayerTimes> times;  // micro-batch rows -> measured layer times
+  StepTail tail;                        // measured where the spec has a step_tail
   // How the layers were timed: "" as CUDA graphs, else why eagerly (plan_graph_blocker).
   std::string eager_because;
   std::vector<PlanRow> rows;       // partition, then M, then schedule
@@ -103,6 +108,7 @@ std::string why_no_plan(const PlanSpec& spec, int64_t n_layer);
 std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device);
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
+// "step_tail": {fixed_s, per_parameter_s} or null (not measured),
 // "activation_bytes_by_rows": {"64": {embedding, block, block_recompute, head, stage_input,
 // measured}, ...}, "predictions": [{partition, split, schedule, stages_per_rank, zero_bubble,
 // zb_extra_live, microbatches, step_s, speedup_vs_model_parallel, ideal_speedup, idle_fraction,

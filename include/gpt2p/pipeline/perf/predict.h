@@ -13,7 +13,9 @@
 namespace gpt2p::pipeline {
 
 struct StepPrediction {
-  double step = 0;                 // makespan of one step (forward + backward of every micro-batch)
+  // One step: the schedule's makespan (forward + backward of every micro-batch), then `tail`.
+  double step = 0;
+  double tail = 0;                 // the slowest rank's work after the schedule (StepModel)
   double bubble = 0;               // idle fraction of all stages over the step
   std::vector<double> stage_busy;  // per rank: compute time per step
   // Per rank: the most micro-batches whose activations it holds at once (simulator.h).
@@ -36,6 +38,10 @@ struct StepModel {
   // kBlocks (pp_train --recompute blocks): every backward first runs its blocks' forward again,
   // forward_share of each block layer's cost, added to the stage's B.
   model::Recompute recompute = model::Recompute::kNone;
+  // Per stage (the partition's order): its work after the schedule (pp_train: the gradient norm
+  // and clip, AdamW, zeroing .grad). Each rank runs its stages' one after another once its
+  // schedule ends, and the step ends with the slowest rank's. Empty: none.
+  std::vector<double> stage_tail{};
 };
 
 // `layer_costs`: forward + backward cost of ONE micro-batch per layer (partition.h numbering), in
@@ -45,7 +51,8 @@ struct StepModel {
 // model_parallel) when `layer_costs` are the whole batch's. With stages_per_rank V > 1 the
 // partition holds R * V stages on R ranks. Throws gpt2p::Error for costs that do not fit the
 // partition, m < 1, a share outside (0, 1), a negative comm or overhead, or a partition that does
-// not split into V stages per rank.
+// not split into V stages per rank, or a stage_tail that is neither empty nor one time >= 0 per
+// stage.
 StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partition& partition,
                             const std::vector<double>& layer_costs, const StepModel& model = {});
 
