@@ -2,7 +2,7 @@
 // turns the times into per-layer costs that the balanced split consumes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <torch/types.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +19,7 @@
 #include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
+#include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/train/graphed_step.h"
 #include "gpt2p/parallel/train/options.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
@@ -115,8 +116,56 @@ TEST(LayerProfile, BadArgumentsSayWhatToPass) {
               measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 0);
             }).find("reps 0"),
             std::string::npos);
+  EXPECT_NE(error_of([&] {
+              measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.0, false,
+                                  model::Kernels::kReference, false, 0);
+            }).find("microbatches 0"),
+            std::string::npos);
   EXPECT_NE(error_of([] { layer_costs_from_times({}, 0); }).find("n_layer 0 < 1"),
             std::string::npos);
+  EXPECT_NE(error_of([&] {
+              measure_step_tail(config, 8, torch::kFloat32, c10::kCPU, model::Kernels::kReference,
+                                nullptr);
+            }).find("no work to time"),
+            std::string::npos);
+}
+
+// A part timed as a stage of several micro-batches runs each of them, forward and backward, and
+// gives the time per micro-batch.
+TEST(LayerProfile, PartsRunAsAStageOfSeveralMicroBatches) {
+  const auto config = model::preset("tiny");
+  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.0,
+                                           false, model::Kernels::kReference, false, 3);
+  EXPECT_GT(t.block, 0.0);
+  EXPECT_GT(t.head, 0.0);
+  EXPECT_GE(t.embedding, 0.0);
+}
+
+// The step after the schedule: the runner's closure is made once per part (one block, then a
+// chain) and timed as the layers are; a cost that grows with the parameters gives a slope.
+TEST(LayerProfile, StepTailFitsFixedPlusPerParameter) {
+  const auto config = model::preset("tiny");  // 2 blocks: the chain is both
+  int made = 0, runs = 0;
+  const StepTailRunner runner = [&](model::GPT2& part) -> std::function<void()> {
+    ++made;
+    for (const auto& p : part->parameters()) EXPECT_TRUE(p.grad().defined());
+    std::vector<torch::Tensor> params = part->parameters();
+    return [&runs, params] {
+      ++runs;
+      torch::NoGradGuard no_grad;
+      for (int i = 0; i < 20; ++i) {
+        for (const auto& p : params) p.mul_(1.0);
+      }
+    };
+  };
+  const StepTail tail =
+      measure_step_tail(config, 8, torch::kFloat32, c10::kCPU, model::Kernels::kReference, runner,
+                        /*reps=*/2, /*rounds=*/2);
+  EXPECT_TRUE(tail.measured);
+  EXPECT_EQ(made, 2);
+  EXPECT_EQ(runs, 2 * (2 + 2 * 2));  // each part: 2 untimed, then 2 rounds of 2
+  EXPECT_GT(tail.per_parameter, 0.0);
+  EXPECT_GE(tail.fixed, 0.0);
 }
 
 // A 12-block, 32-wide model with a small vocabulary: planned in well under a second on the CPU.

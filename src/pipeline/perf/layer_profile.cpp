@@ -16,50 +16,57 @@
 namespace gpt2p::pipeline {
 namespace {
 
-// One part of the model alone on `device` (random weights and tokens), run as the executor runs a
-// micro-batch: forward, then backward with the output's gradient (the loss's own on the last
-// stage). A received activation requires grad, as in the executor. After use_graphs() every
-// iteration is a step of its own (set_batch, then one micro-batch), as a graphed stage runs it.
+// One part of the model alone on `device` (random weights and tokens), run as a stage of
+// `microbatches` micro-batches runs a step in pp_train on one rank: the batch set, then each
+// micro-batch's forward and its backward with the output's gradient (the loss's own on the last
+// stage), the weights cast once for all of them (compat::AutocastCacheScope, as the trainer casts
+// them). A received activation requires grad, as in the executor. After use_graphs() each
+// micro-batch's forward and backward replay as graphs, as a graphed stage runs them.
 class Part {
  public:
   Part(const model::GPT2Config& config, model::LayerRange range, int64_t rows, int64_t seq_len,
        torch::ScalarType autocast, const torch::Device& device, double loss_fraction,
-       model::Kernels kernels, model::Recompute recompute = model::Recompute::kNone)
-      : layers_(config, range), stage_(init(layers_, device, kernels, recompute), 1, autocast) {
+       model::Kernels kernels, model::Recompute recompute = model::Recompute::kNone,
+       int microbatches = 1)
+      : layers_(config, range),
+        stage_(init(layers_, device, kernels, recompute), microbatches, autocast),
+        microbatches_(microbatches) {
     const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
+    const int64_t batch_rows = rows * microbatches;
     StageBatch batch;
-    batch.inputs = torch::randint(config.vocab_size, {rows, seq_len}, ids);
-    batch.labels = torch::randint(config.vocab_size, {rows, seq_len}, ids);
+    batch.inputs = torch::randint(config.vocab_size, {batch_rows, seq_len}, ids);
+    batch.labels = torch::randint(config.vocab_size, {batch_rows, seq_len}, ids);
     // The first `counted` positions of each row count, as the target span of a translation pair.
     const auto counted = std::clamp<int64_t>(
         static_cast<int64_t>(std::llround(loss_fraction * static_cast<double>(seq_len))), 1,
         seq_len);
-    batch.host_mask = torch::zeros({rows, seq_len});
+    batch.host_mask = torch::zeros({batch_rows, seq_len});
     batch.host_mask.narrow(1, 0, counted).fill_(1.0);
     batch.mask = batch.host_mask.to(device);
-    batch.global_target_tokens = rows * counted;
+    batch.global_target_tokens = batch_rows * counted;
     batch_ = batch;
     stage_.set_batch(batch);
+    // Every micro-batch receives the same activation (its values do not change the time).
     if (!stage_.is_first())
       hidden_ = torch::randn({rows, seq_len, config.n_embd}, ids.dtype(torch::kFloat32));
   }
 
-  torch::Tensor forward() {
+  int microbatches() const { return microbatches_; }
+  torch::Tensor forward(int mb = 0) {
     return stage_.forward(
-        0, stage_.is_first() ? stage_.input(0) : hidden_.detach().requires_grad_(true));
+        mb, stage_.is_first() ? stage_.input(mb) : hidden_.detach().requires_grad_(true));
   }
-  void backward(const torch::Tensor& out) {
-    stage_.backward(0, out, stage_.is_last() ? torch::Tensor() : torch::ones_like(out));
+  void backward(const torch::Tensor& out, int mb = 0) {
+    stage_.backward(mb, out, stage_.is_last() ? torch::Tensor() : torch::ones_like(out));
   }
+  // One step: the batch, then each micro-batch's forward and backward.
   void iteration() {
-    if (graphed_) stage_.set_batch(batch_);
-    backward(forward());
+    stage_.set_batch(batch_);
+    const compat::AutocastCacheScope casts;
+    for (int mb = 0; mb < microbatches_; ++mb) backward(forward(mb), mb);
   }
   model::GPT2& layers() { return layers_; }
-  void use_graphs() {
-    stage_.use_graphs(std::make_shared<compat::GraphPool>());
-    graphed_ = true;
-  }
+  void use_graphs() { stage_.use_graphs(std::make_shared<compat::GraphPool>()); }
 
  private:
   static model::GPT2 init(model::GPT2 layers, const torch::Device& device, model::Kernels kernels,
@@ -74,9 +81,9 @@ class Part {
 
   model::GPT2 layers_;
   GptStage stage_;
+  int microbatches_ = 1;
   StageBatch batch_;
   torch::Tensor hidden_;
-  bool graphed_ = false;
 };
 
 // Fastest round's seconds per call of `work`.
@@ -95,9 +102,10 @@ double time_work(const std::function<void()>& work, const torch::Device& device,
   return best;
 }
 
-// Fastest round's seconds per forward + backward of `part`.
+// Fastest round's seconds per micro-batch's forward + backward of `part` (its steps' mean).
 double time_part(Part& part, const torch::Device& device, int warmup, int reps, int rounds) {
-  return time_work([&part] { part.iteration(); }, device, warmup, reps, rounds);
+  return time_work([&part] { part.iteration(); }, device, warmup, reps, rounds) /
+         static_cast<double>(part.microbatches());
 }
 
 // What the allocator holds on `device` now. compat has no query of the current allocation, but
@@ -122,12 +130,14 @@ double kept_bytes(Part& part, const torch::Device& device) {
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                torch::ScalarType autocast, const c10::Device& device, int warmup,
                                int reps, int rounds, double loss_fraction, bool measure_memory,
-                               model::Kernels kernels, bool graphs) {
-  GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0,
-              "measure_layer_times: micro_rows " << micro_rows << ", seq_len " << seq_len
-                                                 << ", reps " << reps << ", rounds " << rounds
-                                                 << ", warmup " << warmup,
-              "pass at least one row, one token, one rep and one round (warmup >= 0)");
+                               model::Kernels kernels, bool graphs, int microbatches) {
+  GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0 &&
+                  microbatches >= 1,
+              "measure_layer_times: micro_rows "
+                  << micro_rows << ", seq_len " << seq_len << ", reps " << reps << ", rounds "
+                  << rounds << ", warmup " << warmup << ", microbatches " << microbatches,
+              "pass at least one row, one token, one rep, one round and one micro-batch "
+              "(warmup >= 0)");
   GPT2P_CHECK(loss_fraction > 0 && loss_fraction <= 1,
               "measure_layer_times: loss fraction " << loss_fraction << " is not in (0, 1]",
               "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
@@ -139,7 +149,8 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   std::optional<compat::TrainingStream> stream;  // a capture needs a stream other than the default
   if (graphed) stream.emplace(device);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {
-    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction, kernels);
+    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction, kernels,
+              model::Recompute::kNone, microbatches);
     if (graphed) {
       // The bytes eagerly, once the first backward made the gradients; then the graphs.
       if (count && bytes != nullptr) {

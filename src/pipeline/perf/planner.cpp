@@ -41,7 +41,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     }
     const LayerTimes t = measure_layer_times(
         config, rows, spec.seq_len, model::autocast_type(spec.precision), device, 2, spec.reps, 3,
-        spec.loss_fraction, true, spec.kernels, plan.eager_because.empty());
+        spec.loss_fraction, true, spec.kernels, plan.eager_because.empty(), m);
 
     plan.times[rows] = t;
     costs[m] = layer_costs_from_times(t, L);

@@ -47,14 +47,17 @@ struct LayerTimes {
 };
 
 // Builds each part alone (random weights, random tokens), runs `warmup` untimed iterations, then
-// `rounds` rounds of `reps` iterations and keeps the fastest round's mean per iteration (the least
-// disturbed); synchronises the device around each round. `stage` is one block's time alone minus
-// the marginal block of a chain of min(4, n_layer) blocks, at most the cheapest part's time alone
-// (each part alone paid it once); every part is given without it, so the embedding can come out
-// 0 (it costs no more than the call). The head runs at the loss positions only (GptStage's
-// default): `loss_fraction` of each row's positions count (the data's share of target tokens;
-// TrainData::target_fraction), at least one. Throws on micro_rows, seq_len, reps or rounds < 1 and
-// on a fraction outside (0, 1].
+// `rounds` rounds of `reps` iterations and keeps the fastest round's mean per micro-batch (the
+// least disturbed); synchronises the device around each round. An iteration is a step of the
+// part as a stage of `microbatches` micro-batches of `micro_rows` rows runs it (pp_train on one
+// rank): what a step does once -- the batch set, the weights cast to the autocast type -- is
+// shared by its micro-batches, as in training, and not paid again by each. `stage` is one block's
+// time alone minus the marginal block of a chain of min(4, n_layer) blocks, at most the cheapest
+// part's time alone (each part alone paid it once); every part is given without it, so the
+// embedding can come out 0 (it costs no more than the call). The head runs at the loss positions
+// only (GptStage's default): `loss_fraction` of each row's positions count (the data's share of
+// target tokens; TrainData::target_fraction), at least one. Throws on micro_rows, seq_len, reps or
+// rounds < 1 and on a fraction outside (0, 1].
 //
 // On CUDA, `activations` are what the allocator holds after one more forward of each part alone
 // (grad on, after the timed iterations, so the gradients exist already) minus what it held
@@ -78,7 +81,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
                                int reps = 5, int rounds = 3, double loss_fraction = 1.0,
                                bool measure_memory = true,
                                model::Kernels kernels = model::Kernels::kReference,
-                               bool graphs = false);
+                               bool graphs = false, int microbatches = 1);
 
 // A stage's work after the schedule, once per step: `fixed` + `per_parameter` x the parameters it
 // holds (memory.h: stage_parameters). Its gradient norm, AdamW and the zeroing of .grad read and
