@@ -16,12 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include "gpt2p/compat/cuda_graph.h"
 #include "gpt2p/compat/profiler.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/gpt2.h"
 #include "gpt2p/parallel/train/graphed_step.h"
 #include "gpt2p/parallel/train/options.h"
+#include "gpt2p/parallel/trainers/pipeline_step.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
 #include "gpt2p/pipeline/perf/planner.h"
 #include "gpt2p/pipeline/plan/partition.h"
@@ -130,8 +132,8 @@ TEST(LayerProfile, BadArgumentsSayWhatToPass) {
             std::string::npos);
 }
 
-// A part timed as a stage of several micro-batches runs each of them, forward and backward, and
-// gives the time per micro-batch.
+// A part timed as a stage of several micro-batches: each micro-batch's slice of a batch of M
+// times the rows runs forward and backward, and the times come out per micro-batch.
 TEST(LayerProfile, PartsRunAsAStageOfSeveralMicroBatches) {
   const auto config = model::preset("tiny");
   const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.0,
@@ -142,21 +144,14 @@ TEST(LayerProfile, PartsRunAsAStageOfSeveralMicroBatches) {
 }
 
 // The step after the schedule: the runner's closure is made once per part (one block, then a
-// chain) and timed as the layers are; a cost that grows with the parameters gives a slope.
-TEST(LayerProfile, StepTailFitsFixedPlusPerParameter) {
+// chain) and run after every refill of the gradients, which it finds defined.
+TEST(LayerProfile, StepTailRunsTheWorkOnEachPart) {
   const auto config = model::preset("tiny");  // 2 blocks: the chain is both
   int made = 0, runs = 0;
   const StepTailRunner runner = [&](model::GPT2& part) -> std::function<void()> {
     ++made;
     for (const auto& p : part->parameters()) EXPECT_TRUE(p.grad().defined());
-    std::vector<torch::Tensor> params = part->parameters();
-    return [&runs, params] {
-      ++runs;
-      torch::NoGradGuard no_grad;
-      for (int i = 0; i < 20; ++i) {
-        for (const auto& p : params) p.mul_(1.0);
-      }
-    };
+    return [&runs] { ++runs; };
   };
   const StepTail tail =
       measure_step_tail(config, 8, torch::kFloat32, c10::kCPU, model::Kernels::kReference, runner,
@@ -164,8 +159,25 @@ TEST(LayerProfile, StepTailFitsFixedPlusPerParameter) {
   EXPECT_TRUE(tail.measured);
   EXPECT_EQ(made, 2);
   EXPECT_EQ(runs, 2 * (2 + 2 * 2));  // each part: 2 untimed, then 2 rounds of 2
-  EXPECT_GT(tail.per_parameter, 0.0);
-  EXPECT_GE(tail.fixed, 0.0);
+}
+
+// The line through the two parts, and where it cannot be drawn, the mean per parameter.
+TEST(LayerProfile, StepTailFitsFixedPlusPerParameter) {
+  const StepTail line = fit_step_tail(100, 3.0, 400, 6.0);
+  EXPECT_DOUBLE_EQ(line.per_parameter, 0.01);
+  EXPECT_DOUBLE_EQ(line.fixed, 2.0);
+  EXPECT_TRUE(line.measured);
+  const StepTail steep = fit_step_tail(100, 1.0, 400, 8.0);  // below zero at 0 parameters
+  EXPECT_EQ(steep.fixed, 0.0);
+  EXPECT_DOUBLE_EQ(steep.per_parameter, 8.0 / 400);
+  const StepTail flat = fit_step_tail(100, 3.0, 400, 2.0);  // noise: the chain came out cheaper
+  EXPECT_EQ(flat.fixed, 0.0);
+  EXPECT_DOUBLE_EQ(flat.per_parameter, 2.0 / 400);
+  const StepTail one = fit_step_tail(100, 3.0, 0, 0);  // one block: no chain
+  EXPECT_EQ(one.fixed, 0.0);
+  EXPECT_DOUBLE_EQ(one.per_parameter, 0.03);
+  EXPECT_NE(error_of([] { fit_step_tail(0, 1.0, 10, 1.0); }).find("0 parameters"),
+            std::string::npos);
 }
 
 // A 12-block, 32-wide model with a small vocabulary: planned in well under a second on the CPU.
@@ -360,32 +372,75 @@ TEST(PlanGraphBlocker, NamesWhyTheStagesWouldRunEagerly) {
   EXPECT_EQ(plan_graph_blocker(spec, c10::kCPU), "--cuda-graphs off");
 }
 
-// pp_plan and the trainers ask one question (graph_terms.h): the same run gets the same answer
-// from both, in the same words, for every reason the trainers' flags can give.
-TEST(PlanGraphBlocker, AnswersAsTheTrainersDo) {
-  const c10::Device gpu(c10::kCUDA, 0);
-  const auto both = [&](const std::function<void(PlanSpec&, parallel::TrainConfig&)>& change) {
-    PlanSpec spec;
-    spec.loss_fraction = 1.0;
-    parallel::TrainConfig cfg;
-    cfg.compute.loss_positions = model::LossPositions::kAll;
-    change(spec, cfg);
-    EXPECT_EQ(plan_graph_blocker(spec, gpu), parallel::graph_blocker(cfg, gpu));
-    EXPECT_EQ(plan_graph_blocker(spec, c10::kCPU), parallel::graph_blocker(cfg, c10::kCPU));
+// pp_plan and pp_train ask one question (graph_terms.h): the same run gives the same terms from
+// pp_plan's plan and from pp_train's flags, for every reason either can give.
+TEST(PlanGraphBlocker, ReadsTheTermsAsPpTrainDoes) {
+  for (const c10::Device device : {c10::Device(c10::kCUDA, 0), c10::Device(c10::kCPU)}) {
+    const auto same = [&](const std::function<void(PlanSpec&, parallel::TrainConfig&, int&)>& f) {
+      PlanSpec spec;
+      spec.loss_fraction = 1.0;
+      parallel::TrainConfig cfg;
+      cfg.compute.loss_positions = model::LossPositions::kAll;
+      int replicas = 1;
+      f(spec, cfg, replicas);
+      const GraphTerms plan = plan_graph_terms(spec, device);
+      const GraphTerms train = parallel::pipeline_graph_terms(cfg, device, replicas);
+      EXPECT_TRUE(plan == train) << device;
+      EXPECT_EQ(graph_blocker(plan), plan_graph_blocker(spec, device));
+      return plan;
+    };
+    const GraphTerms none = same([](PlanSpec&, parallel::TrainConfig&, int&) {});
+    EXPECT_EQ(none.gpu, device.is_cuda());
+    EXPECT_FALSE(same([](PlanSpec& s, parallel::TrainConfig& c, int&) {
+                   s.cuda_graphs = false;
+                   c.compute.cuda_graphs = parallel::CudaGraphs::kOff;
+                 }).requested);
+    EXPECT_FALSE(same([](PlanSpec& s, parallel::TrainConfig& c, int&) {
+                   s.loss_fraction = 0.09;
+                   c.compute.loss_positions = model::LossPositions::kTargets;
+                 }).every_position);
+    EXPECT_TRUE(same([](PlanSpec& s, parallel::TrainConfig& c, int&) {
+                  s.recompute = model::Recompute::kBlocks;
+                  c.compute.recompute = model::Recompute::kBlocks;
+                }).recompute);
+    EXPECT_TRUE(same([](PlanSpec& s, parallel::TrainConfig& c, int&) {
+                  s.zero_bubble = true;
+                  c.pipeline.zero_bubble = true;
+                }).zero_bubble);
+    EXPECT_EQ(same([](PlanSpec& s, parallel::TrainConfig&, int& replicas) {
+                s.replicas = 2;
+                replicas = 2;
+              }).replicas,
+              2);
+  }
+}
+
+// Each term's reason, first one first. Without CUDA in the build every GPU run is "not a GPU".
+TEST(PlanGraphBlocker, NamesEachReason) {
+  GraphTerms terms;
+  terms.gpu = true;
+  const bool cuda = compat::cuda_graphs_built();
+  EXPECT_EQ(graph_blocker(terms), cuda ? "" : "the device is not a GPU");
+  const auto reason = [&](const std::function<void(GraphTerms&)>& change) {
+    GraphTerms t = terms;
+    change(t);
+    return graph_blocker(t);
   };
-  both([](PlanSpec&, parallel::TrainConfig&) {});
-  both([](PlanSpec& s, parallel::TrainConfig& c) {
-    s.cuda_graphs = false;
-    c.compute.cuda_graphs = parallel::CudaGraphs::kOff;
-  });
-  both([](PlanSpec& s, parallel::TrainConfig& c) {
-    s.loss_fraction = 0.09;
-    c.compute.loss_positions = model::LossPositions::kTargets;
-  });
-  both([](PlanSpec& s, parallel::TrainConfig& c) {
-    s.recompute = model::Recompute::kBlocks;
-    c.compute.recompute = model::Recompute::kBlocks;
-  });
+  EXPECT_EQ(reason([](GraphTerms& t) {
+              t.requested = false;
+              t.replicas = 2;
+            }),
+            "--cuda-graphs off");
+  EXPECT_EQ(reason([](GraphTerms& t) { t.gpu = false; }), "the device is not a GPU");
+  if (!cuda) return;
+  EXPECT_NE(
+      reason([](GraphTerms& t) { t.every_position = false; }).find("--loss-positions targets"),
+      std::string::npos);
+  EXPECT_NE(reason([](GraphTerms& t) { t.recompute = true; }).find("--recompute blocks"),
+            std::string::npos);
+  EXPECT_NE(reason([](GraphTerms& t) { t.zero_bubble = true; }).find("--zero-bubble"),
+            std::string::npos);
+  EXPECT_NE(reason([](GraphTerms& t) { t.replicas = 2; }).find("--dp above 1"), std::string::npos);
 }
 
 // --gpus 4: every D x P = 4 the model allows (4 blocks: 4 x 1, 2 x 2, 1 x 4), each at its fastest

@@ -334,10 +334,15 @@ class PipelineStep final : public StepStrategy {
 }  // namespace
 
 std::string pipeline_graph_blocker(const RunContext& ctx) {
-  pipeline::GraphTerms terms = graph_terms(ctx.cfg, ctx.device);
-  terms.zero_bubble = ctx.cfg.pipeline.zero_bubble;
-  terms.replicas = ctx.mesh.dp();
-  return pipeline::graph_blocker(terms);
+  return pipeline::graph_blocker(pipeline_graph_terms(ctx.cfg, ctx.device, ctx.mesh.dp()));
+}
+
+pipeline::GraphTerms pipeline_graph_terms(const TrainConfig& cfg, const torch::Device& device,
+                                          int replicas) {
+  pipeline::GraphTerms terms = graph_terms(cfg, device);
+  terms.zero_bubble = cfg.pipeline.zero_bubble;
+  terms.replicas = replicas;
+  return terms;
 }
 
 std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,

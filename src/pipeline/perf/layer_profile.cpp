@@ -193,6 +193,29 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   return t;
 }
 
+StepTail fit_step_tail(double params_one, double seconds_one, double params_chain,
+                       double seconds_chain) {
+  GPT2P_CHECK(params_one > 0 && seconds_one >= 0 && seconds_chain >= 0,
+              "fit_step_tail: " << params_one << " parameters in " << seconds_one << " s, "
+                                << params_chain << " in " << seconds_chain << " s",
+              "pass the parameters (> 0) and seconds (>= 0) of the two parts timed");
+  StepTail tail;
+  tail.measured = true;
+  if (params_chain > params_one) {
+    const double slope = (seconds_chain - seconds_one) / (params_chain - params_one);
+    const double fixed = seconds_one - slope * params_one;
+    if (slope > 0 && fixed >= 0) {
+      tail.per_parameter = slope;
+      tail.fixed = fixed;
+      return tail;
+    }
+    tail.per_parameter = seconds_chain / params_chain;
+    return tail;
+  }
+  tail.per_parameter = seconds_one / params_one;
+  return tail;
+}
+
 StepTail measure_step_tail(const model::GPT2Config& config, int64_t seq_len,
                            torch::ScalarType autocast, const c10::Device& device,
                            model::Kernels kernels, const StepTailRunner& runner, int reps,
@@ -209,26 +232,31 @@ StepTail measure_step_tail(const model::GPT2Config& config, int64_t seq_len,
     Part part(config, {1, 1 + blocks}, 1, seq_len, autocast, device, 1.0, kernels);
     part.iteration();  // the gradients
     double params = 0;
-    for (const auto& p : part.layers()->parameters()) params += static_cast<double>(p.numel());
+    std::vector<torch::Tensor> grads;
+    for (auto& p : part.layers()->parameters()) {
+      params += static_cast<double>(p.numel());
+      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    }
+    // A backward leaves gradients to clip; the work zeroes them, so each run first adds them
+    // back (all ones: a norm above any clip), and that addition alone is taken off.
+    const auto refill = [&grads] {
+      torch::NoGradGuard no_grad;
+      at::_foreach_add_(grads, 1.0);
+    };
     const std::function<void()> work = runner(part.layers());
-    return std::make_pair(params, time_work(work, device, 2, reps, rounds));
+    const double both = time_work(
+        [&] {
+          refill();
+          work();
+        },
+        device, 2, reps, rounds);
+    const double alone = time_work(refill, device, 2, reps, rounds);
+    return std::make_pair(params, std::max(0.0, both - alone));
   };
   const auto [p1, t1] = time(1);
-  StepTail tail;
-  tail.measured = true;
-  tail.per_parameter = t1 / p1;
-  if (k > 1) {
-    const auto [pk, tk] = time(k);
-    const double slope = (tk - t1) / (pk - p1);
-    // Timing noise that tips the line below zero leaves the mean per parameter of the chain.
-    if (slope > 0 && t1 - slope * p1 >= 0) {
-      tail.per_parameter = slope;
-      tail.fixed = t1 - slope * p1;
-    } else {
-      tail.per_parameter = tk / pk;
-    }
-  }
-  return tail;
+  if (k <= 1) return fit_step_tail(p1, t1, 0.0, 0.0);
+  const auto [pk, tk] = time(k);
+  return fit_step_tail(p1, t1, pk, tk);
 }
 
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer) {

@@ -169,6 +169,10 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
 }
 
 std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device) {
+  return graph_blocker(plan_graph_terms(spec, device));
+}
+
+GraphTerms plan_graph_terms(const PlanSpec& spec, const c10::Device& device) {
   GraphTerms terms;
   terms.requested = spec.cuda_graphs;
   terms.gpu = device.is_cuda();
@@ -176,7 +180,7 @@ std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device) 
   terms.recompute = spec.recompute != model::Recompute::kNone;
   terms.zero_bubble = spec.zero_bubble;
   terms.replicas = spec.replicas;
-  return graph_blocker(terms);
+  return terms;
 }
 
 std::string why_no_plan(const PlanSpec& spec, int64_t n_layer) {

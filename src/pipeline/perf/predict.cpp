@@ -66,7 +66,7 @@ StepPrediction predict_step(ScheduleKind kind, int n_microbatches, const Partiti
     GPT2P_CHECK(model.stage_tail[s] >= 0.0,
                 "predict_step: stage " << s << "'s tail " << model.stage_tail[s] << " < 0",
                 "pass tails >= 0");
-    rank_tail[s % static_cast<size_t>(n)] += model.stage_tail[s];  // stage s runs on rank s % n
+    rank_tail[static_cast<size_t>(rank_of_stage(static_cast<int>(s), n))] += model.stage_tail[s];
   }
   const double tail = *std::max_element(rank_tail.begin(), rank_tail.end());
   GPT2P_CHECK(sim.ok,

@@ -18,6 +18,7 @@
 #include "gpt2p/parallel/train/loop.h"
 #include "gpt2p/pipeline/plan/partition.h"
 #include "gpt2p/pipeline/runtime/executor.h"
+#include "gpt2p/pipeline/runtime/graph_terms.h"
 #include "gpt2p/pipeline/runtime/stage.h"
 
 namespace gpt2p::parallel {
@@ -43,6 +44,10 @@ struct PipelineStages {
 // Why this run's stages cannot run their micro-batches as CUDA graphs (--cuda-graphs;
 // pipeline/runtime/stage_graphs.h), or "" when they do.
 std::string pipeline_graph_blocker(const RunContext& ctx);
+// Its terms (pipeline/runtime/graph_terms.h) for a run of these flags on `device` with `replicas`
+// data-parallel replicas (the mesh's dp): what pp_plan must read off the same run alike.
+pipeline::GraphTerms pipeline_graph_terms(const TrainConfig& cfg, const torch::Device& device,
+                                          int replicas);
 
 std::unique_ptr<StepStrategy> make_pipeline_step(const RunContext& ctx, TrainData& data,
                                                  PipelineStages stages, double loss_share,

@@ -48,12 +48,13 @@ struct LayerTimes {
 
 // Builds each part alone (random weights, random tokens), runs `warmup` untimed iterations, then
 // `rounds` rounds of `reps` iterations and keeps the fastest round's mean per micro-batch (the
-// least disturbed); synchronises the device around each round. An iteration is a step of the
-// part as a stage of `microbatches` micro-batches of `micro_rows` rows runs it (pp_train on one
-// rank): what a step does once -- the batch set, the weights cast to the autocast type -- is
-// shared by its micro-batches, as in training, and not paid again by each. `stage` is one block's
-// time alone minus the marginal block of a chain of min(4, n_layer) blocks, at most the cheapest
-// part's time alone (each part alone paid it once); every part is given without it, so the
+// least disturbed); synchronises the device around each round. Each iteration is one step of a
+// stage that holds the part and runs `microbatches` micro-batches of `micro_rows` rows, as
+// pp_train runs it on one rank: the work a step does once (setting the batch, casting the weights
+// to the autocast type) is shared by its micro-batches, as in training. So every M costs about
+// one whole batch's forward + backward per timed step, whatever the micro-batch size. `stage` is
+// one block's time alone minus the marginal block of a chain of min(4, n_layer) blocks, at most the
+// cheapest part's time alone (each part alone paid it once); every part is given without it, so the
 // embedding can come out 0 (it costs no more than the call). The head runs at the loss positions
 // only (GptStage's default): `loss_fraction` of each row's positions count (the data's share of
 // target tokens; TrainData::target_fraction), at least one. Throws on micro_rows, seq_len, reps or
@@ -99,13 +100,19 @@ using StepTailRunner = std::function<std::function<void()>(model::GPT2&)>;
 // Times `runner`'s work on one block and on a chain of min(4, n_layer) blocks, each built alone
 // (one row of seq_len tokens, one forward + backward to make the gradients), as
 // measure_layer_times times its parts (the fastest of `rounds` rounds of `reps`), and fits the
-// line through the two. A model of one block, or noise that tips the line below zero, gives a
-// fixed part of 0 and the mean per parameter.
+// line through the two (fit_step_tail). Before each run the gradients are made non-zero again
+// (what a backward leaves for the work to read and clip); that refill is timed alone and taken
+// off.
 StepTail measure_step_tail(const model::GPT2Config& config, int64_t seq_len,
                            c10::ScalarType autocast, const c10::Device& device,
                            model::Kernels kernels, const StepTailRunner& runner, int reps = 5,
                            int rounds = 3);
 
+// The line through (params_one, seconds_one) and (params_chain, seconds_chain). Where there is no
+// chain (params_chain <= params_one), or noise tips the line's fixed part below zero or its slope
+// to zero or below, the fixed part is 0 and the cost per parameter is the larger part's mean.
+StepTail fit_step_tail(double params_one, double seconds_one, double params_chain,
+                       double seconds_chain);
 // Per-layer costs in partition.h's numbering: [embedding, block x n_layer, head].
 std::vector<double> layer_costs_from_times(const LayerTimes& times, int n_layer);
 

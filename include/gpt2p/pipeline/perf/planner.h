@@ -17,6 +17,7 @@
 #include "gpt2p/model/options.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
 #include "gpt2p/pipeline/plan/partition.h"
+#include "gpt2p/pipeline/runtime/graph_terms.h"
 
 namespace gpt2p::pipeline {
 
@@ -106,6 +107,8 @@ std::string why_no_plan(const PlanSpec& spec, int64_t n_layer);
 // run as graphs. make_plan times the layers the same way. With --zero-bubble every row is timed
 // eagerly, the unsplit ones included.
 std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device);
+// The terms it asks about (graph_terms.h), as pp_train reads them off the same run's flags.
+GraphTerms plan_graph_terms(const PlanSpec& spec, const c10::Device& device);
 
 // {"layer_costs_s_by_rows": {"64": [...], ...}, "stage_overhead_s_by_rows": {"64": s, ...},
 // "step_tail": {fixed_s, per_parameter_s} or null (not measured),

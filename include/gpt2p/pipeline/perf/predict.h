@@ -16,7 +16,7 @@ struct StepPrediction {
   // One step: the schedule's makespan (forward + backward of every micro-batch), then `tail`.
   double step = 0;
   double tail = 0;                 // the slowest rank's work after the schedule (StepModel)
-  double bubble = 0;               // idle fraction of all stages over the step
+  double bubble = 0;               // idle fraction of all stages over the schedule
   std::vector<double> stage_busy;  // per rank: compute time per step
   // Per rank: the most micro-batches whose activations it holds at once (simulator.h).
   std::vector<int> max_live_activations;

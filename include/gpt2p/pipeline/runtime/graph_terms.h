@@ -17,6 +17,11 @@ struct GraphTerms {
   // A pipeline stage's own terms (a data-parallel step's graph has none of these):
   bool zero_bubble = false;  // --zero-bubble
   int replicas = 1;          // data-parallel replicas of the pipeline (--dp)
+
+  bool operator==(const GraphTerms& o) const {
+    return requested == o.requested && gpu == o.gpu && every_position == o.every_position &&
+           recompute == o.recompute && zero_bubble == o.zero_bubble && replicas == o.replicas;
+  }
 };
 
 // Why such a run cannot be captured, or "" when nothing forbids it.
