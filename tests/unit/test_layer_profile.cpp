@@ -132,6 +132,20 @@ TEST(LayerProfile, BadArgumentsSayWhatToPass) {
             std::string::npos);
 }
 
+// --loss-positions all: the head runs at every position whatever share of them the loss weights,
+// so it keeps what a head over every position keeps.
+TEST(LayerProfile, TheHeadAtEveryPositionKeepsEveryRow) {
+  const auto config = model::preset("tiny");
+  const auto head = [&](double fraction, model::LossPositions positions) {
+    return measure_layer_times(config, 1, 16, torch::kFloat32, c10::kCPU, 0, 1, 1, fraction, true,
+                               model::Kernels::kReference, false, 1, positions)
+        .activations.head;
+  };
+  const double every = head(1.0, model::LossPositions::kTargets);
+  EXPECT_EQ(head(0.25, model::LossPositions::kAll), every);
+  EXPECT_LT(head(0.25, model::LossPositions::kTargets), every);
+}
+
 // A part timed as a stage of several micro-batches: each micro-batch's slice of a batch of M
 // times the rows runs forward and backward, and the times come out per micro-batch.
 TEST(LayerProfile, PartsRunAsAStageOfSeveralMicroBatches) {
@@ -310,6 +324,7 @@ TEST(PpPlan, PredictsEveryPartitionScheduleAndM) {
   // No GPU, so no CUDA graphs: the layers were launched eagerly, and the table says why.
   EXPECT_EQ(doc["layers_timed_as"], "eager");
   EXPECT_EQ(doc["layers_eager_because"], "the device is not a GPU");
+  EXPECT_EQ(doc["loss_positions"], "targets");  // pp_train's default
   // The timing, the slow part, is announced on stderr one micro-batch size at a time.
   std::ifstream err(dir / "err.txt");
   const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
@@ -399,6 +414,11 @@ TEST(PlanGraphBlocker, ReadsTheTermsAsPpTrainDoes) {
                    s.loss_fraction = 0.09;
                    c.compute.loss_positions = model::LossPositions::kTargets;
                  }).every_position);
+    // pp_train --loss-positions all on HW5's data: the head everywhere, 9% of it weighted.
+    EXPECT_TRUE(same([](PlanSpec& s, parallel::TrainConfig&, int&) {
+                  s.loss_fraction = 0.09;
+                  s.loss_positions = model::LossPositions::kAll;
+                }).every_position);
     EXPECT_TRUE(same([](PlanSpec& s, parallel::TrainConfig& c, int&) {
                   s.recompute = model::Recompute::kBlocks;
                   c.compute.recompute = model::Recompute::kBlocks;

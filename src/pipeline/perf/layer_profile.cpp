@@ -27,9 +27,9 @@ class Part {
   Part(const model::GPT2Config& config, model::LayerRange range, int64_t rows, int64_t seq_len,
        torch::ScalarType autocast, const torch::Device& device, double loss_fraction,
        model::Kernels kernels, model::Recompute recompute = model::Recompute::kNone,
-       int microbatches = 1)
+       int microbatches = 1, model::LossPositions positions = model::LossPositions::kTargets)
       : layers_(config, range),
-        stage_(init(layers_, device, kernels, recompute), microbatches, autocast),
+        stage_(init(layers_, device, kernels, recompute), microbatches, autocast, positions),
         microbatches_(microbatches) {
     const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
     const int64_t batch_rows = rows * microbatches;
@@ -130,7 +130,8 @@ double kept_bytes(Part& part, const torch::Device& device) {
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
                                torch::ScalarType autocast, const c10::Device& device, int warmup,
                                int reps, int rounds, double loss_fraction, bool measure_memory,
-                               model::Kernels kernels, bool graphs, int microbatches) {
+                               model::Kernels kernels, bool graphs, int microbatches,
+                               model::LossPositions positions) {
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0 &&
                   microbatches >= 1,
               "measure_layer_times: micro_rows "
@@ -143,14 +144,16 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
               "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
   const int L = static_cast<int>(config.n_layer);
   const bool count = measure_memory && device.is_cuda();  // the CPU has no allocator statistics
-  ActivationBytes kept = estimate_activation_bytes(config, micro_rows, seq_len,
-                                                   autocast != torch::kFloat32, loss_fraction);
+  const bool every_position = positions == model::LossPositions::kAll;
+  ActivationBytes kept =
+      estimate_activation_bytes(config, micro_rows, seq_len, autocast != torch::kFloat32,
+                                every_position ? 1.0 : loss_fraction);
   const bool graphed = graphs && device.is_cuda() && compat::cuda_graphs_built();
   std::optional<compat::TrainingStream> stream;  // a capture needs a stream other than the default
   if (graphed) stream.emplace(device);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {
     Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction, kernels,
-              model::Recompute::kNone, microbatches);
+              model::Recompute::kNone, microbatches, positions);
     if (graphed) {
       // The bytes eagerly, once the first backward made the gradients; then the graphs.
       if (count && bytes != nullptr) {

@@ -48,10 +48,12 @@ void print_plan(std::FILE* out, const Plan& plan, const PlanSpec& spec,
   std::fprintf(
       out,
       "# pp_plan: %s, %d stage(s), batch %lld x %lld, %s on %s, %s kernels, loss at %.3f of "
-      "positions\n",
+      "positions, head at %s\n",
       model::describe(config).c_str(), spec.stages, static_cast<long long>(spec.batch_size),
       static_cast<long long>(spec.seq_len), name_string(spec.precision).c_str(), device.c_str(),
-      name_string(spec.kernels).c_str(), spec.loss_fraction);
+      name_string(spec.kernels).c_str(), spec.loss_fraction,
+      spec.loss_positions == model::LossPositions::kAll ? "every position (--loss-positions all)"
+                                                        : "those positions");
   std::fprintf(out, "# layer times, ms per micro-batch (forward + backward), %s\n",
                plan.eager_because.empty()
                    ? "as CUDA graphs (as pp_train --cuda-graphs auto runs this plan)"
@@ -139,6 +141,8 @@ nlohmann::json plan_document(const Plan& plan, const PlanSpec& spec,
               {"device", device},
               {"link_gbs", spec.link_gbs},
               {"loss_fraction", spec.loss_fraction},
+              {"loss_positions", name_string(spec.loss_positions)},
+              {"loss_positions", name_string(spec.loss_positions)},
               {"recompute", name_string(spec.recompute)},
               {"zero", spec.zero}});
   return doc;

@@ -41,16 +41,16 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
     }
     const LayerTimes t = measure_layer_times(
         config, rows, spec.seq_len, model::autocast_type(spec.precision), device, 2, spec.reps, 3,
-        spec.loss_fraction, true, spec.kernels, plan.eager_because.empty(), m);
+        spec.loss_fraction, true, spec.kernels, plan.eager_because.empty(), m, spec.loss_positions);
 
     plan.times[rows] = t;
     costs[m] = layer_costs_from_times(t, L);
   }
 
-  const auto flops =
-      layer_costs_flops(L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
-                        static_cast<int>(spec.seq_len),
-                        static_cast<int>(config.padded_vocab_size()), spec.loss_fraction);
+  const auto flops = layer_costs_flops(
+      L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
+      static_cast<int>(spec.seq_len), static_cast<int>(config.padded_vocab_size()),
+      spec.loss_positions == model::LossPositions::kAll ? 1.0 : spec.loss_fraction);
   // Seconds to move one micro-batch's fp32 activations (or their gradient) between stages.
   const auto transfer = [&](int m) {
     return static_cast<double>(spec.batch_size / m * spec.seq_len * config.n_embd) * 4.0 /
@@ -176,7 +176,8 @@ GraphTerms plan_graph_terms(const PlanSpec& spec, const c10::Device& device) {
   GraphTerms terms;
   terms.requested = spec.cuda_graphs;
   terms.gpu = device.is_cuda();
-  terms.every_position = spec.loss_fraction >= 1.0;  // below 1: --loss-positions targets
+  terms.every_position =
+      spec.loss_positions == model::LossPositions::kAll || spec.loss_fraction >= 1.0;
   terms.recompute = spec.recompute != model::Recompute::kNone;
   terms.zero_bubble = spec.zero_bubble;
   terms.replicas = spec.replicas;

@@ -70,6 +70,10 @@ struct LayerTimes {
 // `kernels` (resolved: kFused or kReference) is the path the parts run, as the trainers' --kernels:
 // the times are those of the code a training step runs.
 //
+// `positions`, as GptStage's (pp_train --loss-positions): kTargets runs the head at the weighted
+// positions only, kAll at every position with only `loss_fraction` of them weighted, as pp_train
+// runs HW5's padded pairs (the cross-entropy kernel skips rows of weight 0).
+//
 // `graphs` (on CUDA only; ignored elsewhere): each part runs as pp_train --cuda-graphs runs a
 // stage, its forward and backward replayed as CUDA graphs (stage_graphs.h) after at least
 // StageGraphs::kWarmupSteps + 1 untimed iterations (the eager ones and the capture). Where the
@@ -82,7 +86,8 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
                                int reps = 5, int rounds = 3, double loss_fraction = 1.0,
                                bool measure_memory = true,
                                model::Kernels kernels = model::Kernels::kReference,
-                               bool graphs = false, int microbatches = 1);
+                               bool graphs = false, int microbatches = 1,
+                               model::LossPositions positions = model::LossPositions::kTargets);
 
 // A stage's work after the schedule, once per step: `fixed` + `per_parameter` x the parameters it
 // holds (memory.h: stage_parameters). Its gradient norm, AdamW and the zeroing of .grad read and

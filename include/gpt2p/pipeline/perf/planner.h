@@ -34,7 +34,10 @@ struct PlanSpec {
   std::vector<int> stages_per_rank{1, 2};
   double link_gbs = 200;     // GB/s of one activation/gradient transfer (fp32 activations)
   int reps = 5;              // timed iterations per round of the layer profile
-  double loss_fraction = 1;  // share of positions the head runs at (pp_train's data: ~0.09)
+  double loss_fraction = 1;  // share of positions weighted by the loss (pp_train's data: ~0.09)
+  // pp_train --loss-positions: kTargets runs the head at the weighted positions only, kAll at
+  // every position (weighting loss_fraction of them).
+  model::LossPositions loss_positions = model::LossPositions::kTargets;
   bool zero_bubble = false;  // also predict every pipeline row with split backwards (--zero-bubble)
   // With zero_bubble: the memory allowances to predict, each a pp_train --zb-extra-live (0: the
   // base schedule's memory; zero_bubble.h's kNoLiveLimit: none).
