@@ -54,7 +54,9 @@ struct PlanSpec {
   bool cuda_graphs = true;
   // A stage's work after the schedule (layer_profile.h: StepTailRunner; pp_plan passes the
   // trainer's gradient norm and clip, AdamW and zeroing). Set: it is timed and every prediction
-  // ends with it. Empty: the predictions are the schedule's alone.
+  // ends with it. Empty: the predictions are the schedule's alone. It is timed as a graphed,
+  // unsharded stage runs it, .grad zeroed in place. Eager pp_train drops .grad instead, and ZeRO-1
+  // steps 1/D of the moments on each replica: those runs' tails are shorter than predicted.
   StepTailRunner step_tail;
   // Told before each micro-batch size is timed (the slow part: minutes for a large model on a
   // CPU): "timing micro-batches of R rows (k of n)". Empty: nothing said.
