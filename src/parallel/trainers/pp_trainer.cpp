@@ -171,9 +171,10 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
       positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
   std::vector<double> costs;
   if (cfg.pipeline.partition == pipeline::PartitionKind::kMeasured && cfg.output.resume.empty()) {
+    // The head as the run runs it: at the targets, or everywhere with the targets weighted.
     costs = measured_layer_costs(*pipe, ctx.model_config, data.local_batch() / m, cfg.optim.seq_len,
-                                 ctx.autocast, loss_share, ctx.kernels,
-                                 pipeline_graph_blocker(ctx).empty());
+                                 ctx.autocast, data.target_fraction(), ctx.kernels,
+                                 pipeline_graph_blocker(ctx).empty(), m, positions);
     // Every replica splits as replica 0 measured, or their stages would differ.
     if (replicas != nullptr) costs = broadcast_costs(*replicas, costs);
     compat::reset_peak_memory(ctx.device);

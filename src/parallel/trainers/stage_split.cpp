@@ -41,12 +41,13 @@ pipeline::Partition stage_partition(pipeline::PartitionKind partition,
 std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
                                          int64_t micro_rows, int64_t seq_len,
                                          torch::ScalarType autocast, double loss_fraction,
-                                         model::Kernels kernels, bool graphs) {
+                                         model::Kernels kernels, bool graphs, int microbatches,
+                                         model::LossPositions positions) {
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
-    const auto times = pipeline::measure_layer_times(config, micro_rows, seq_len, autocast,
-                                                     comm.device(), 2, 5, 3, loss_fraction,
-                                                     /*measure_memory=*/false, kernels, graphs);
+    const auto times = pipeline::measure_layer_times(
+        config, micro_rows, seq_len, autocast, comm.device(), 2, 5, 3, loss_fraction,
+        /*measure_memory=*/false, kernels, graphs, microbatches, positions);
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());
   }
   t = t.to(comm.device());
