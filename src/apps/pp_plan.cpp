@@ -38,6 +38,7 @@
 #include "gpt2p/data/batch.h"
 #include "gpt2p/data/dataset_file.h"
 #include "gpt2p/model/gpt2.h"
+#include "gpt2p/parallel/data_parallel/reducer.h"
 #include "gpt2p/parallel/data_parallel/replica_grad_sync.h"
 #include "gpt2p/parallel/train/context.h"
 #include "gpt2p/parallel/train/options.h"
@@ -277,21 +278,20 @@ int run(Flags f) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::fprintf(stderr, "pp_plan: %s on %s (%.0f s so far)\n", what.c_str(), where.c_str(), s);
   };
-  // What pp_train does on each stage once its schedule ends, with its own functions: the
-  // gradient norm and clip at its default --grad-clip, AdamW, .grad zeroed in place.
+  // What pp_train does on each stage of one replica once its schedule ends, with its own
+  // objects: the gradient norm and clip at its default --grad-clip, then the stage's reducer (one
+  // rank: none) steps AdamW and zeroes .grad in place, as a graphed stage does.
   f.spec.step_tail = [&f](gpt2p::model::GPT2& part) -> std::function<void()> {
-    std::shared_ptr<gpt2p::compat::FusedAdamW> adamw =
-        gpt2p::parallel::make_adamw(f.train, part->parameters());
+    gpt2p::parallel::ReducerOptions one_rank;
+    one_rank.kind = gpt2p::parallel::ReducerKind::kNone;
+    std::shared_ptr<gpt2p::parallel::GradReducer> reducer = gpt2p::parallel::make_reducer(
+        part->parameters(), gpt2p::parallel::make_adamw(f.train, part->parameters()), one_rank);
     const std::vector<gpt2p::model::GPT2> stages{part};
     const double clip = f.train.optim.grad_clip;
-    return [adamw, stages, clip] {
+    return [reducer, stages, clip] {
       if (clip > 0) gpt2p::parallel::clip_grad_norm_pipeline(stages, nullptr, clip);
-      adamw->step();
-      std::vector<torch::Tensor> grads;
-      for (auto& p : stages.front()->parameters()) {
-        if (p.grad().defined()) grads.push_back(p.mutable_grad());
-      }
-      at::_foreach_zero_(grads);
+      reducer->step();
+      reducer->zero_grad_in_place();
     };
   };
   std::optional<gpt2p::compat::Profiler> profiler;

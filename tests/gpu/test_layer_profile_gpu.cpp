@@ -32,9 +32,14 @@ TEST(LayerProfileGpu, GraphedPartsRunAndKeepTheEagerBytes) {
   for (const auto kernels : {model::Kernels::kReference, model::Kernels::kFused}) {
     SCOPED_TRACE(name_string(kernels));
     const auto time = [&](bool graphs) {
+      LayerTiming timing;
+      timing.warmup = 1;
+      timing.reps = 3;
+      timing.rounds = 2;
+      timing.kernels = kernels;
+      timing.graphs = graphs;
       return measure_layer_times(config, /*micro_rows=*/2, /*seq_len=*/64, torch::kBFloat16, kGpu,
-                                 /*warmup=*/1, /*reps=*/3, /*rounds=*/2, /*loss_fraction=*/1.0,
-                                 /*measure_memory=*/true, kernels, graphs);
+                                 timing);
     };
     const LayerTimes eager = time(false), graphed = time(true);
     for (const LayerTimes& t : {eager, graphed}) {

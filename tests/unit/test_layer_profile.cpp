@@ -24,6 +24,7 @@
 #include "gpt2p/parallel/train/graphed_step.h"
 #include "gpt2p/parallel/train/options.h"
 #include "gpt2p/parallel/trainers/pipeline_step.h"
+#include "gpt2p/pipeline/perf/hybrid.h"
 #include "gpt2p/pipeline/perf/layer_profile.h"
 #include "gpt2p/pipeline/perf/planner.h"
 #include "gpt2p/pipeline/plan/partition.h"
@@ -36,12 +37,20 @@ namespace {
 
 using testing::error_of;
 
+// The fewest iterations that still time every part: `warmup` untimed, `rounds` rounds of `reps`.
+LayerTiming quick(int warmup = 0, int reps = 1, int rounds = 1) {
+  LayerTiming timing;
+  timing.warmup = warmup;
+  timing.reps = reps;
+  timing.rounds = rounds;
+  return timing;
+}
+
 TEST(LayerProfile, TimesEveryPartOnTheCpu) {
   auto config = model::preset("tiny");
   config.dropout = 0.0;
   const LayerTimes t = measure_layer_times(config, /*micro_rows=*/2, /*seq_len=*/16,
-                                           torch::kFloat32, c10::kCPU, /*warmup=*/1,
-                                           /*reps=*/2, /*rounds=*/2);
+                                           torch::kFloat32, c10::kCPU, quick(1, 2, 2));
   for (double s : {t.embedding, t.block, t.head, t.stage}) {
     EXPECT_TRUE(std::isfinite(s));
     EXPECT_GE(s, 0.0);
@@ -61,14 +70,14 @@ TEST(LayerProfile, TimesEveryPartOnTheCpu) {
 TEST(LayerProfile, OneBlockLeavesNoStageOverhead) {
   auto config = model::preset("tiny");
   config.n_layer = 1;
-  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1);
+  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, quick());
   EXPECT_EQ(t.stage, 0.0);
   EXPECT_GT(t.block, 0.0);
 }
 
 TEST(LayerProfile, Bf16AutocastRunsToo) {
   auto config = model::preset("tiny");
-  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kBFloat16, c10::kCPU, 0, 1, 1);
+  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kBFloat16, c10::kCPU, quick());
   EXPECT_GT(t.block, 0.0);
   EXPECT_GT(t.head, 0.0);
 }
@@ -110,19 +119,21 @@ TEST(LayerProfile, BadArgumentsSayWhatToPass) {
               measure_layer_times(config, 0, 8, torch::kFloat32, c10::kCPU);
             }).find("micro_rows 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
-              measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.5);
-            }).find("loss fraction 1.5"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] {
-              measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 0);
-            }).find("reps 0"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] {
-              measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.0, false,
-                                  model::Kernels::kReference, false, 0);
-            }).find("microbatches 0"),
-            std::string::npos);
+  const auto fails_with = [&](LayerTiming timing) {
+    return error_of([&] { measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, timing); });
+  };
+  LayerTiming timing = quick();
+  timing.loss_fraction = 1.5;
+  EXPECT_NE(fails_with(timing).find("loss fraction 1.5"), std::string::npos);
+  timing = quick();
+  timing.reps = 0;
+  EXPECT_NE(fails_with(timing).find("reps 0"), std::string::npos);
+  timing = quick();
+  timing.microbatches = 0;
+  EXPECT_NE(fails_with(timing).find("microbatches 0"), std::string::npos);
+  timing = quick();
+  timing.warmup = -1;
+  EXPECT_NE(fails_with(timing).find("warmup -1"), std::string::npos);
   EXPECT_NE(error_of([] { layer_costs_from_times({}, 0); }).find("n_layer 0 < 1"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
@@ -137,9 +148,10 @@ TEST(LayerProfile, BadArgumentsSayWhatToPass) {
 TEST(LayerProfile, TheHeadAtEveryPositionKeepsEveryRow) {
   const auto config = model::preset("tiny");
   const auto head = [&](double fraction, model::LossPositions positions) {
-    return measure_layer_times(config, 1, 16, torch::kFloat32, c10::kCPU, 0, 1, 1, fraction, true,
-                               model::Kernels::kReference, false, 1, positions)
-        .activations.head;
+    LayerTiming timing = quick();
+    timing.loss_fraction = fraction;
+    timing.positions = positions;
+    return measure_layer_times(config, 1, 16, torch::kFloat32, c10::kCPU, timing).activations.head;
   };
   const double every = head(1.0, model::LossPositions::kTargets);
   EXPECT_EQ(head(0.25, model::LossPositions::kAll), every);
@@ -150,8 +162,10 @@ TEST(LayerProfile, TheHeadAtEveryPositionKeepsEveryRow) {
 // times the rows runs forward and backward, and the times come out per micro-batch.
 TEST(LayerProfile, PartsRunAsAStageOfSeveralMicroBatches) {
   const auto config = model::preset("tiny");
-  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, 0, 1, 1, 1.0,
-                                           false, model::Kernels::kReference, false, 3);
+  LayerTiming timing = quick();
+  timing.measure_memory = false;
+  timing.microbatches = 3;
+  const LayerTimes t = measure_layer_times(config, 1, 8, torch::kFloat32, c10::kCPU, timing);
   EXPECT_GT(t.block, 0.0);
   EXPECT_GT(t.head, 0.0);
   EXPECT_GE(t.embedding, 0.0);
@@ -243,6 +257,29 @@ TEST(Plan, EveryPartitionScheduleAndMRelativeToModelParallel) {
               make_plan(config, bad, c10::kCPU);
             }).find("3 micro-batches do not divide the batch of 4"),
             std::string::npos);
+}
+
+// The step tail depends on the model and the device, not on the split: make_plan takes one timed
+// already, and plan_hybrid times it once for all of its D x P splits.
+TEST(Plan, TheStepTailIsTimedOncePerPlan) {
+  const auto config = small_plan_model();
+  int timed = 0;
+  PlanSpec spec = small_plan_spec(1, 4, {1, 2});
+  spec.step_tail = [&timed](model::GPT2&) -> std::function<void()> {
+    ++timed;
+    return [] {};
+  };
+  const HybridPlan hybrid = plan_hybrid(config, spec, 4, 100, c10::kCPU);
+  EXPECT_EQ(hybrid.picks.size(), 3U);  // D = 1, 2, 4
+  EXPECT_EQ(timed, 2);                 // one block, then a chain: once
+  PlanSpec known = spec;
+  known.tail.measured = true;
+  known.tail.fixed = 0.5;
+  const Plan plan = make_plan(config, known, c10::kCPU);
+  EXPECT_EQ(timed, 2);  // not timed again
+  EXPECT_DOUBLE_EQ(plan.tail.fixed, 0.5);
+  // Every row ends with the given tail: half a second on top of the layers' microseconds.
+  for (const auto& r : plan.rows) EXPECT_GT(r.step_s, 0.5);
 }
 
 TEST(Plan, InterleavedRowsSplitIntoStagesTimesVAndNeedMAMultipleOfTheRanks) {

@@ -183,7 +183,7 @@ model::GPT2Config counted_model(double dropout) {
 }
 
 // Per token, with e bytes per autocast element and d = 1 under dropout:
-// block 16 + 4 H + 15 C e + 8 C + 2 C d (+ 24 C^2 bf16 weight copies per micro-batch).
+// block 16 + 4 H + 15 C e + 8 C + 2 C d; under bf16 once per step 24 C^2 of weight copies.
 TEST(PredictMemory, TheEstimateCountsWhatTheReferencePathKeeps) {
   const double tokens = 2 * 4;  // 2 rows of 4 tokens
   const auto fp32 = estimate_activation_bytes(counted_model(0.1), 2, 4, false, 0.5);
@@ -195,7 +195,9 @@ TEST(PredictMemory, TheEstimateCountsWhatTheReferencePathKeeps) {
   // 2 loss positions per row: hidden-state gradient and index; the weight-sized gradient once.
   EXPECT_DOUBLE_EQ(fp32.head, tokens * 8 + 2 * 2 * (4 * 8 + 8) + 4.0 * 64 * 8);
   const auto bf16 = estimate_activation_bytes(counted_model(0.0), 2, 4, true, 0.5);
-  EXPECT_DOUBLE_EQ(bf16.block, tokens * (16 + 4 * 2 + 15 * 8 * 2 + 8 * 8) + 24 * 8 * 8);
+  EXPECT_DOUBLE_EQ(bf16.block, tokens * (16 + 4 * 2 + 15 * 8 * 2 + 8 * 8));
+  EXPECT_DOUBLE_EQ(bf16.block_weight_copies, 24 * 8 * 8);
+  EXPECT_DOUBLE_EQ(fp32.block_weight_copies, 0.0);
   EXPECT_DOUBLE_EQ(bf16.block_recompute, tokens * 4 * 8);
   EXPECT_DOUBLE_EQ(bf16.embedding, tokens * 4 * 8 + 8 * 4);
   EXPECT_NE(error_of([] {
@@ -253,6 +255,31 @@ TEST(PredictMemory, ZeroOneDividesOnlyTheMomentsByTheReplicas) {
               predict_memory(config, kTwoStages, schedule, made_up_bytes(), {{}, 0, true});
             }).find("0 replicas"),
             std::string::npos);
+}
+
+// The step casts each block's weights once and every micro-batch's forward shares the copies: a
+// rank holds them once per block it runs, however many micro-batches are alive.
+TEST(PredictMemory, WeightCopiesCountOncePerBlockNotPerMicroBatch) {
+  const auto config = counted_model(0.1);
+  ActivationBytes bytes = made_up_bytes();
+  bytes.block_weight_copies = 300;
+  const auto schedule = [](int m) { return make_schedule(ScheduleKind::kGPipe, m, 2); };
+  const auto one = predict_memory(config, kTwoStages, schedule(1), bytes, {});
+  const auto eight = predict_memory(config, kTwoStages, schedule(8), bytes, {});
+  for (size_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_DOUBLE_EQ(one[r].weight_copies, 3 * 300.0);  // 3 blocks on each stage
+    EXPECT_DOUBLE_EQ(eight[r].weight_copies, one[r].weight_copies);
+    EXPECT_DOUBLE_EQ(eight[r].activations, 8 * one[r].activations);
+    EXPECT_DOUBLE_EQ(one[r].total(), one[r].states + one[r].activations + one[r].weight_copies);
+  }
+  // The embedding and the head alone hold no block.
+  const Partition ends{{0, 1}, {1, 7}, {7, 8}};
+  const auto mem =
+      predict_memory(config, ends, make_schedule(ScheduleKind::kGPipe, 2, 3), bytes, {});
+  EXPECT_DOUBLE_EQ(mem[0].weight_copies, 0.0);
+  EXPECT_DOUBLE_EQ(mem[1].weight_copies, 6 * 300.0);
+  EXPECT_DOUBLE_EQ(mem[2].weight_copies, 0.0);
 }
 
 // 1F1B holds min(M, P - r) micro-batches on rank r, GPipe all M: with M > P every rank of 1F1B

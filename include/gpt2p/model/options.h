@@ -34,6 +34,13 @@ constexpr std::array<Named<LossPositions>, 2> names(LossPositions) {
   return {{{LossPositions::kTargets, "targets"}, {LossPositions::kAll, "all"}}};
 }
 
+// The share of each row's positions the LM head runs at: every one under kAll, else the share
+// whose loss counts (`loss_fraction`, the data's target tokens). What the head's FLOPs, its kept
+// activations and whether its row count can change (a graph's fixed shape) follow from.
+constexpr double head_row_share(LossPositions positions, double loss_fraction) {
+  return positions == LossPositions::kAll ? 1.0 : loss_fraction;
+}
+
 // --kernels: which implementation runs the operations that have one of the project's CUDA
 // kernels (src/kernels/): the LM head's softmax and cross-entropy (lm_head_loss.h) and the
 // blocks' residual adds with their LayerNorms and linear layers (gpt2.h).

@@ -45,9 +45,15 @@ std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::
                                          model::LossPositions positions) {
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
-    const auto times = pipeline::measure_layer_times(
-        config, micro_rows, seq_len, autocast, comm.device(), 2, 5, 3, loss_fraction,
-        /*measure_memory=*/false, kernels, graphs, microbatches, positions);
+    pipeline::LayerTiming timing;
+    timing.loss_fraction = loss_fraction;
+    timing.measure_memory = false;
+    timing.kernels = kernels;
+    timing.graphs = graphs;
+    timing.microbatches = microbatches;
+    timing.positions = positions;
+    const auto times =
+        pipeline::measure_layer_times(config, micro_rows, seq_len, autocast, comm.device(), timing);
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());
   }
   t = t.to(comm.device());

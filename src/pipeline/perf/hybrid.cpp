@@ -61,11 +61,14 @@ HybridPlan plan_hybrid(const model::GPT2Config& config, const PlanSpec& spec, in
   HybridPlan hybrid;
   hybrid.gpus = gpus;
   hybrid.allreduce_gbs = allreduce_gbs;
+  // The same step tail for every split: timed once.
+  PlanSpec timed = spec;
+  timed.tail = measure_plan_tail(config, spec, device);
   for (int dp = 1; dp <= gpus; ++dp) {
     if (gpus % dp != 0) continue;
     const int pp = gpus / dp;
     std::string skip;
-    const PlanSpec replica = hybrid_spec(spec, gpus, dp, config.n_layer, skip);
+    const PlanSpec replica = hybrid_spec(timed, gpus, dp, config.n_layer, skip);
     if (!skip.empty()) {
       hybrid.skipped.push_back({dp, pp, skip});
       continue;

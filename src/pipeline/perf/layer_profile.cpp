@@ -117,7 +117,12 @@ double allocated_bytes(const torch::Device& device) {
 }
 
 // Bytes one forward of `part` leaves allocated until its backward, its output included (CUDA).
+// Inside one step's weight casts, as training runs it: a first forward + backward makes the bf16
+// copies of the weights, which the step keeps once whatever its micro-batches
+// (ActivationBytes::block_weight_copies), so the forward measured after it counts its own bytes.
 double kept_bytes(Part& part, const torch::Device& device) {
+  const compat::AutocastCacheScope casts;
+  part.backward(part.forward());
   const double before = allocated_bytes(device);
   const torch::Tensor out = part.forward();
   const double kept = allocated_bytes(device) - before;
@@ -128,10 +133,11 @@ double kept_bytes(Part& part, const torch::Device& device) {
 }  // namespace
 
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
-                               torch::ScalarType autocast, const c10::Device& device, int warmup,
-                               int reps, int rounds, double loss_fraction, bool measure_memory,
-                               model::Kernels kernels, bool graphs, int microbatches,
-                               model::LossPositions positions) {
+                               torch::ScalarType autocast, const c10::Device& device,
+                               const LayerTiming& timing) {
+  const int warmup = timing.warmup, reps = timing.reps, rounds = timing.rounds,
+            microbatches = timing.microbatches;
+  const double loss_fraction = timing.loss_fraction;
   GPT2P_CHECK(micro_rows >= 1 && seq_len >= 1 && reps >= 1 && rounds >= 1 && warmup >= 0 &&
                   microbatches >= 1,
               "measure_layer_times: micro_rows "
@@ -143,17 +149,17 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
               "measure_layer_times: loss fraction " << loss_fraction << " is not in (0, 1]",
               "pass the share of positions whose loss counts, e.g. 0.094 for HW5's data");
   const int L = static_cast<int>(config.n_layer);
-  const bool count = measure_memory && device.is_cuda();  // the CPU has no allocator statistics
-  const bool every_position = positions == model::LossPositions::kAll;
+  // The CPU has no allocator statistics.
+  const bool count = timing.measure_memory && device.is_cuda();
   ActivationBytes kept =
       estimate_activation_bytes(config, micro_rows, seq_len, autocast != torch::kFloat32,
-                                every_position ? 1.0 : loss_fraction);
-  const bool graphed = graphs && device.is_cuda() && compat::cuda_graphs_built();
+                                model::head_row_share(timing.positions, loss_fraction));
+  const bool graphed = timing.graphs && device.is_cuda() && compat::cuda_graphs_built();
   std::optional<compat::TrainingStream> stream;  // a capture needs a stream other than the default
   if (graphed) stream.emplace(device);
   const auto time = [&](int begin, int end, double* bytes = nullptr) {
-    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction, kernels,
-              model::Recompute::kNone, microbatches, positions);
+    Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction,
+              timing.kernels, model::Recompute::kNone, microbatches, timing.positions);
     if (graphed) {
       // The bytes eagerly, once the first backward made the gradients; then the graphs.
       if (count && bytes != nullptr) {
@@ -170,7 +176,7 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   const double one = time(1, 2, &kept.block), embedding = time(0, 1, &kept.embedding),
                head = time(L + 1, L + 2, &kept.head);
   if (count) {
-    Part part(config, {1, 2}, micro_rows, seq_len, autocast, device, loss_fraction, kernels,
+    Part part(config, {1, 2}, micro_rows, seq_len, autocast, device, loss_fraction, timing.kernels,
               model::Recompute::kBlocks);
     part.iteration();  // the first backward makes the gradients, which are no activations
     kept.block_recompute = kept_bytes(part, device);

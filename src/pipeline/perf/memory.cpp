@@ -37,8 +37,8 @@ ActivationBytes estimate_activation_bytes(const model::GPT2Config& config, int64
                                  + 4 * c * e  // GELU's output, mlp.c_proj's input
                                  + 2 * c * d  // residual and MLP dropout masks (bool)
                                  + 4 * c;     // the block's output (fp32)
-  const double weight_copies = bf16 ? 2.0 * 12.0 * c * c : 0.0;
-  b.block = tokens * per_token_block + weight_copies;
+  b.block = tokens * per_token_block;
+  b.block_weight_copies = bf16 ? 2.0 * 12.0 * c * c : 0.0;
   b.block_recompute = tokens * 4 * c;
   b.embedding = tokens * (c * d + 4 * c) + 8.0 * static_cast<double>(seq_len);
   b.head = tokens * 8.0 + loss_positions * (4 * c + 8.0) +
@@ -121,7 +121,10 @@ std::vector<RankMemory> predict_memory(const model::GPT2Config& config, const Pa
     RankMemory& r =
         out[static_cast<size_t>(rank_of_stage(static_cast<int>(s), static_cast<int>(ranks)))];
     r.states += per_parameter * stage_parameters(config, partition[s]);
-    const bool has_block = partition[s].begin <= n_layer && partition[s].end > 1;
+    const int blocks =
+        std::max(0, std::min(partition[s].end, n_layer + 1) - std::max(partition[s].begin, 1));
+    r.weight_copies += bytes.block_weight_copies * blocks;
+    const bool has_block = blocks > 0;
     if (model.recompute == model::Recompute::kBlocks && has_block) r.recompute = bytes.block;
   }
   for (size_t r = 0; r < ranks; ++r) out[r].activations = live[r];

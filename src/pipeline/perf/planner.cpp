@@ -39,9 +39,15 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
                     " rows (M = " + std::to_string(m) + ", " + std::to_string(i + 1) + " of " +
                     std::to_string(counts.size()) + ")");
     }
-    const LayerTimes t = measure_layer_times(
-        config, rows, spec.seq_len, model::autocast_type(spec.precision), device, 2, spec.reps, 3,
-        spec.loss_fraction, true, spec.kernels, plan.eager_because.empty(), m, spec.loss_positions);
+    LayerTiming timing;
+    timing.reps = spec.reps;
+    timing.loss_fraction = spec.loss_fraction;
+    timing.kernels = spec.kernels;
+    timing.graphs = plan.eager_because.empty();
+    timing.microbatches = m;
+    timing.positions = spec.loss_positions;
+    const LayerTimes t = measure_layer_times(config, rows, spec.seq_len,
+                                             model::autocast_type(spec.precision), device, timing);
 
     plan.times[rows] = t;
     costs[m] = layer_costs_from_times(t, L);
@@ -50,7 +56,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   const auto flops = layer_costs_flops(
       L, static_cast<int>(config.n_embd), static_cast<int>(config.n_head),
       static_cast<int>(spec.seq_len), static_cast<int>(config.padded_vocab_size()),
-      spec.loss_positions == model::LossPositions::kAll ? 1.0 : spec.loss_fraction);
+      model::head_row_share(spec.loss_positions, spec.loss_fraction));
   // Seconds to move one micro-batch's fp32 activations (or their gradient) between stages.
   const auto transfer = [&](int m) {
     return static_cast<double>(spec.batch_size / m * spec.seq_len * config.n_embd) * 4.0 /
@@ -61,11 +67,7 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   // per stage and micro-batch what a forward + backward call costs (the profile's `stage`).
   const double weight_share =
       block_weight_share(static_cast<int>(config.n_embd), static_cast<int>(spec.seq_len));
-  if (spec.step_tail) {
-    if (spec.progress) spec.progress("timing the step after the schedule (norm, AdamW, zeroing)");
-    plan.tail = measure_step_tail(config, spec.seq_len, model::autocast_type(spec.precision),
-                                  device, spec.kernels, spec.step_tail, spec.reps, 3);
-  }
+  plan.tail = measure_plan_tail(config, spec, device);
   const auto step_model = [&](int m, int v, const Partition& stages, bool zb = false,
                               int extra_live = 0) {
     StepModel model;
@@ -168,6 +170,14 @@ Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10:
   return plan;
 }
 
+StepTail measure_plan_tail(const model::GPT2Config& config, const PlanSpec& spec,
+                           const c10::Device& device) {
+  if (spec.tail.measured || !spec.step_tail) return spec.tail;
+  if (spec.progress) spec.progress("timing the step after the schedule (norm, AdamW, zeroing)");
+  return measure_step_tail(config, spec.seq_len, model::autocast_type(spec.precision), device,
+                           spec.kernels, spec.step_tail, spec.reps, 3);
+}
+
 std::string plan_graph_blocker(const PlanSpec& spec, const c10::Device& device) {
   return graph_blocker(plan_graph_terms(spec, device));
 }
@@ -176,8 +186,7 @@ GraphTerms plan_graph_terms(const PlanSpec& spec, const c10::Device& device) {
   GraphTerms terms;
   terms.requested = spec.cuda_graphs;
   terms.gpu = device.is_cuda();
-  terms.every_position =
-      spec.loss_positions == model::LossPositions::kAll || spec.loss_fraction >= 1.0;
+  terms.every_position = model::head_row_share(spec.loss_positions, spec.loss_fraction) >= 1.0;
   terms.recompute = spec.recompute != model::Recompute::kNone;
   terms.zero_bubble = spec.zero_bubble;
   terms.replicas = spec.replicas;

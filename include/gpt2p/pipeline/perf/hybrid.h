@@ -55,7 +55,8 @@ struct HybridPlan {
 };
 
 // Plans every D x P split of `gpus` GPUs (make_plan on hybrid_spec's spec, so the layers are
-// timed again for each split). Throws gpt2p::Error when no split gives a plan.
+// timed again for each split; the step tail, which no split changes, once for all of them).
+// Throws gpt2p::Error when no split gives a plan.
 HybridPlan plan_hybrid(const model::GPT2Config& config, const PlanSpec& spec, int gpus,
                        double allreduce_gbs, const c10::Device& device);
 

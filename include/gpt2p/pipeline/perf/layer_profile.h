@@ -46,48 +46,56 @@ struct LayerTimes {
   ActivationBytes activations;
 };
 
-// Builds each part alone (random weights, random tokens), runs `warmup` untimed iterations, then
-// `rounds` rounds of `reps` iterations and keeps the fastest round's mean per micro-batch (the
-// least disturbed); synchronises the device around each round. Each iteration is one step of a
-// stage that holds the part and runs `microbatches` micro-batches of `micro_rows` rows, as
+// How measure_layer_times runs the parts: as a stage of pp_train runs them, by default one
+// micro-batch of a reference-kernel eager stage with the head at the loss positions.
+struct LayerTiming {
+  int warmup = 2;  // untimed iterations first
+  int reps = 5;    // iterations per timed round
+  int rounds = 3;  // the fastest round counts
+  // The share of each row's positions whose loss counts (the data's target tokens:
+  // TrainData::target_fraction), in (0, 1]; at least one position per row.
+  double loss_fraction = 1.0;
+  // false: the activation bytes are estimated, not measured (a trainer that needs only times).
+  bool measure_memory = true;
+  // The path the parts run (resolved: kFused or kReference), as the trainers' --kernels.
+  model::Kernels kernels = model::Kernels::kReference;
+  // Each part's forward and backward replayed as CUDA graphs, as pp_train --cuda-graphs runs a
+  // stage (CUDA only; ignored elsewhere).
+  bool graphs = false;
+  int microbatches = 1;  // micro-batches per timed step
+  // As GptStage's (pp_train --loss-positions): kTargets runs the head at the weighted positions
+  // only, kAll at every position with only `loss_fraction` of them weighted, as pp_train runs
+  // HW5's padded pairs (the cross-entropy kernel skips rows of weight 0).
+  model::LossPositions positions = model::LossPositions::kTargets;
+};
+
+// Builds each part alone (random weights, random tokens), runs `timing.warmup` untimed iterations,
+// then `rounds` rounds of `reps` iterations and keeps the fastest round's mean per micro-batch
+// (the least disturbed); synchronises the device around each round. Each iteration is one step of
+// a stage that holds the part and runs `microbatches` micro-batches of `micro_rows` rows, as
 // pp_train runs it on one rank: the work a step does once (setting the batch, casting the weights
 // to the autocast type) is shared by its micro-batches, as in training. So every M costs about
 // one whole batch's forward + backward per timed step, whatever the micro-batch size. `stage` is
 // one block's time alone minus the marginal block of a chain of min(4, n_layer) blocks, at most the
 // cheapest part's time alone (each part alone paid it once); every part is given without it, so the
-// embedding can come out 0 (it costs no more than the call). The head runs at the loss positions
-// only (GptStage's default): `loss_fraction` of each row's positions count (the data's share of
-// target tokens; TrainData::target_fraction), at least one. Throws on micro_rows, seq_len, reps or
-// rounds < 1 and on a fraction outside (0, 1].
+// embedding can come out 0 (it costs no more than the call). The head runs at
+// model::head_row_share of each row's positions, at least one. Throws on micro_rows, seq_len, reps,
+// rounds or microbatches < 1, warmup < 0, and on a loss fraction outside (0, 1].
 //
 // On CUDA, `activations` are what the allocator holds after one more forward of each part alone
-// (grad on, after the timed iterations, so the gradients exist already) minus what it held
-// before, the part's output included and its input not; the block is counted once as it runs and
-// once built with Recompute::kBlocks. The stage input is its shape in fp32. Elsewhere, or with
-// measure_memory false (a trainer that needs only the times), they are
-// estimate_activation_bytes's.
+// (grad on, after the timed iterations, so the gradients exist already, inside the step's weight
+// casts) minus what it held before, the part's output included and its input not; the block is
+// counted once as it runs and once built with Recompute::kBlocks. The stage input is its shape in
+// fp32. Elsewhere, or without measure_memory, they are estimate_activation_bytes's.
 //
-// `kernels` (resolved: kFused or kReference) is the path the parts run, as the trainers' --kernels:
-// the times are those of the code a training step runs.
-//
-// `positions`, as GptStage's (pp_train --loss-positions): kTargets runs the head at the weighted
-// positions only, kAll at every position with only `loss_fraction` of them weighted, as pp_train
-// runs HW5's padded pairs (the cross-entropy kernel skips rows of weight 0).
-//
-// `graphs` (on CUDA only; ignored elsewhere): each part runs as pp_train --cuda-graphs runs a
-// stage, its forward and backward replayed as CUDA graphs (stage_graphs.h) after at least
-// StageGraphs::kWarmupSteps + 1 untimed iterations (the eager ones and the capture). Where the
-// host launches kernels more slowly than the GPU runs them (small micro-batches), eager times are
-// the host's: timing each part alone then adds up the host's time per part, which a graphed stage
-// does not pay. The activation bytes are measured eagerly, before the graphs (a graph's memory is
-// its pool's, taken once at capture).
+// With `graphs`, each part runs after at least StageGraphs::kWarmupSteps + 1 untimed iterations
+// (the eager ones and the capture). Where the host launches kernels more slowly than the GPU runs
+// them (small micro-batches), eager times are the host's: timing each part alone then adds up the
+// host's time per part, which a graphed stage does not pay. The activation bytes are measured
+// eagerly, before the graphs (a graph's memory is its pool's, taken once at capture).
 LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
-                               c10::ScalarType autocast, const c10::Device& device, int warmup = 2,
-                               int reps = 5, int rounds = 3, double loss_fraction = 1.0,
-                               bool measure_memory = true,
-                               model::Kernels kernels = model::Kernels::kReference,
-                               bool graphs = false, int microbatches = 1,
-                               model::LossPositions positions = model::LossPositions::kTargets);
+                               c10::ScalarType autocast, const c10::Device& device,
+                               const LayerTiming& timing = {});
 
 // A stage's work after the schedule, once per step: `fixed` + `per_parameter` x the parameters it
 // holds (memory.h: stage_parameters). Its gradient norm, AdamW and the zeroing of .grad read and

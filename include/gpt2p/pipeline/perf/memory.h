@@ -41,7 +41,11 @@ struct ActivationBytes {
   double block_recompute = 0;  // one block under --recompute blocks (its output; its input is kept)
   double head = 0;             // ln_f + LM head + loss (lm_head_loss.h keeps its gradients)
   double stage_input = 0;      // the fp32 activation a stage after the first receives
-  bool measured = false;       // true: the CUDA allocator's counts; false: the estimate below
+  // Once per step, not per micro-batch: under bf16 autocast the copies of one block's four weight
+  // matrices, which the step casts once and every micro-batch's forward keeps
+  // (compat::AutocastCacheScope), 2 x 12 C^2; 0 in fp32.
+  double block_weight_copies = 0;
+  bool measured = false;  // true: the CUDA allocator's counts; false: the estimate below
 };
 
 // The bytes of ActivationBytes from the shapes, for micro-batches of `rows` x `seq_len` tokens,
@@ -55,9 +59,8 @@ struct ActivationBytes {
 //          4 H; that output made contiguous (c_proj's input) C e; the first residual sum (ln_2's
 //          input, fp32) 4 C; ln_2's output (c_fc's input) C e; the MLP hidden before GELU
 //          (GELU's input) 4 C e and after it (c_proj's input) 4 C e; the residual and MLP
-//          dropout masks 2 C d; the block's output (fp32) 4 C. Under bf16 also once per
-//          micro-batch the bf16 copies of its four weight matrices, 2 x 12 C^2, which autocast
-//          casts in every forward and the linear layers keep.
+//          dropout masks 2 C d; the block's output (fp32) 4 C. The bf16 copies of its weights
+//          are the step's, not the micro-batch's (block_weight_copies).
 //   block under recompute: its output, 4 C (its forward ran without grad).
 //   embedding: the dropout mask C d and the output 4 C; the positions, 8 bytes each.
 //   head: ln_f's means and inverse deviations 8; at each loss position the hidden-state
@@ -65,8 +68,9 @@ struct ActivationBytes {
 //         padded vocabulary). The logits live only inside the forward.
 //   stage input: 4 C.
 // 1.13's explicit attention also keeps its probabilities, H x seq_len per token: not counted.
-// On one H200 (libtorch 2.11), GPT-2 124M at 2 x 1024 tokens, the block comes out 3.5% (bf16)
-// and 5% (fp32) above the allocator's count; embedding, head and recompute within 0.5%.
+// On one H200 (libtorch 2.11), GPT-2 124M at 2 x 1024 tokens, the block came out 3.5% (bf16)
+// and 5% (fp32) above the allocator's count; embedding, head and recompute within 0.5% (when
+// both counted the weight copies per micro-batch, before the step cast them once).
 ActivationBytes estimate_activation_bytes(const model::GPT2Config& config, int64_t rows,
                                           int64_t seq_len, bool bf16, double loss_fraction);
 
@@ -96,10 +100,11 @@ std::vector<double> peak_activation_bytes(const Schedule& schedule,
 
 // What one rank holds at its peak, and the parts of it.
 struct RankMemory {
-  double states = 0;       // weights, gradients and moments
-  double activations = 0;  // the live micro-batches at the peak
-  double recompute = 0;    // the block recomputed at the peak
-  double total() const { return states + activations + recompute; }
+  double states = 0;         // weights, gradients and moments
+  double activations = 0;    // the live micro-batches at the peak
+  double recompute = 0;      // the block recomputed at the peak
+  double weight_copies = 0;  // the step's bf16 copies of its blocks' weights
+  double total() const { return states + activations + recompute + weight_copies; }
 };
 
 // peak(r) above for every rank of `schedule` (rank r runs stages r, r + R, ...). Throws

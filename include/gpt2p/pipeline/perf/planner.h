@@ -58,6 +58,10 @@ struct PlanSpec {
   // unsharded stage runs it, .grad zeroed in place. Eager pp_train drops .grad instead, and ZeRO-1
   // steps 1/D of the moments on each replica: those runs' tails are shorter than predicted.
   StepTailRunner step_tail;
+  // The tail already timed (measure_plan_tail; `measured` set): the plans use it and do not time
+  // step_tail again. It depends on the model, the precision, the kernels and the device only, so
+  // plan_hybrid times it once for every D x P split.
+  StepTail tail;
   // Told before each micro-batch size is timed (the slow part: minutes for a large model on a
   // CPU): "timing micro-batches of R rows (k of n)". Empty: nothing said.
   std::function<void(const std::string&)> progress;
@@ -99,6 +103,12 @@ struct Plan {
 // relative to model parallelism on the partition's split into `stages` stages. Every row's memory
 // is predict_memory's for its schedule, from the profile's bytes at its micro-batch size.
 Plan make_plan(const model::GPT2Config& config, const PlanSpec& spec, const c10::Device& device);
+
+// The step tail make_plan predicts with: spec.tail where measured, else spec.step_tail timed
+// (measure_step_tail at the spec's sequence length, precision, kernels and reps), else none
+// (`measured` false).
+StepTail measure_plan_tail(const model::GPT2Config& config, const PlanSpec& spec,
+                           const c10::Device& device);
 
 // Why make_plan gives no row at all for `spec` (its stages P, stages per rank V and micro-batch
 // counts M) on n_layer blocks, or "" when it gives some: make_plan's conditions, checked before
