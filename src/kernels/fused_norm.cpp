@@ -102,7 +102,8 @@ NormResult add_layer_norm_forward(const torch::Tensor& x, const torch::Tensor& d
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_backward(
     const torch::Tensor& dout, const torch::Tensor& y, const torch::Tensor& mean,
-    const torch::Tensor& rstd, const torch::Tensor& gamma, const torch::Tensor& dresidual) {
+    const torch::Tensor& rstd, const torch::Tensor& gamma, const torch::Tensor& dresidual,
+    const torch::Tensor& into_dgamma, const torch::Tensor& into_dbeta) {
   constexpr const char* kFn = "add_layer_norm_backward";
   GPT2P_CHECK(y.defined() && y.is_cuda() && y.scalar_type() == torch::kFloat32 && y.dim() >= 1 &&
                   y.is_contiguous(),
@@ -127,10 +128,15 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_backward(
                                        dresidual.sizes() == y.sizes()),
               kFn << ": dresidual " << describe(dresidual) << " for y " << describe(y),
               "pass a contiguous float32 gradient of y's shape on y's device, or none");
+  const bool into = into_dgamma.defined() || into_dbeta.defined();
+  if (into) {
+    check_param(kFn, "into_dgamma", into_dgamma, cols, device);
+    check_param(kFn, "into_dbeta", into_dbeta, cols, device);
+  }
   const c10::cuda::CUDAGuard guard(device);
   auto dy = torch::empty(y.sizes(), y.options());
-  auto dgamma = torch::empty({cols}, y.options());
-  auto dbeta = torch::empty({cols}, y.options());
+  auto dgamma = into ? into_dgamma : torch::empty({cols}, y.options());
+  auto dbeta = into ? into_dbeta : torch::empty({cols}, y.options());
   const auto workspace = torch::empty({add_layer_norm_workspace(rows, cols)}, y.options());
   AddLayerNormBackward args;
   args.dout = dout.data_ptr();
@@ -146,7 +152,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_backward(
   args.workspace = workspace.numel() > 0 ? workspace.data_ptr<float>() : nullptr;
   args.rows = rows;
   args.cols = cols;
+  args.accumulate = into;
   kernels::add_layer_norm_backward(args, at::cuda::getCurrentCUDAStream(device.index()).stream());
+  if (into) return {dy, torch::Tensor(), torch::Tensor()};
   return {dy, dgamma, dbeta};
 }
 
@@ -156,11 +164,29 @@ namespace {
 // functions take no undefined tensor inputs). Each saves y (x itself without delta), mean, rstd
 // and gamma. Gradients that do not arrive stay undefined (no materialised zeros): without a
 // gradient for out the LayerNorm part is skipped, without one for y nothing is added to it.
+// With `accumulate` the parameters themselves (leaves), whose .grad backward adds into.
 torch::autograd::variable_list save(torch::autograd::AutogradContext* ctx, const NormResult& r,
-                                    const torch::Tensor& gamma) {
+                                    const torch::Tensor& gamma, const torch::Tensor& gamma_leaf,
+                                    const torch::Tensor& beta_leaf, bool accumulate) {
   ctx->set_materialize_grads(false);
   ctx->save_for_backward({r.y, r.mean, r.rstd, gamma});
+  if (accumulate) {
+    ctx->saved_data["gamma"] = gamma_leaf;
+    ctx->saved_data["beta"] = beta_leaf;
+  }
   return {r.y, r.out};
+}
+
+// The .grad of the leaf saved under `key` when backward can add into it, else undefined.
+torch::Tensor grad_to_add_into(torch::autograd::AutogradContext* ctx, const char* key,
+                               const torch::Tensor& like) {
+  const auto it = ctx->saved_data.find(key);
+  if (it == ctx->saved_data.end()) return {};
+  torch::Tensor grad = it->second.toTensor().grad();
+  const bool usable = grad.defined() && grad.scalar_type() == torch::kFloat32 &&
+                      grad.is_contiguous() && grad.device() == like.device() &&
+                      grad.numel() == like.numel();
+  return usable ? grad : torch::Tensor();
 }
 
 // d loss / d y (undefined when no gradient arrived at all), dgamma and dbeta.
@@ -175,8 +201,15 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx,
   NormGrads g;
   g.dy = grad_y;  // no gradient for out: d loss / d y is grad_y alone
   if (grads[1].defined()) {
-    std::tie(g.dy, g.dgamma, g.dbeta) = add_layer_norm_backward(
-        grads[1].contiguous(), saved[0], saved[1], saved[2], saved[3], grad_y);
+    auto into_dgamma = grad_to_add_into(ctx, "gamma", saved[3]);
+    auto into_dbeta = grad_to_add_into(ctx, "beta", saved[3]);
+    if (!into_dgamma.defined() || !into_dbeta.defined()) {
+      into_dgamma = torch::Tensor();
+      into_dbeta = torch::Tensor();
+    }
+    std::tie(g.dy, g.dgamma, g.dbeta) =
+        add_layer_norm_backward(grads[1].contiguous(), saved[0], saved[1], saved[2], saved[3],
+                                grad_y, into_dgamma, into_dbeta);
   }
   return g;
 }
@@ -187,13 +220,13 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
                                                 const torch::Tensor& x, const torch::Tensor& delta,
                                                 const torch::Tensor& gamma,
                                                 const torch::Tensor& beta, double eps,
-                                                torch::ScalarType out_type) {
+                                                torch::ScalarType out_type, bool accumulate) {
     const auto g = gamma.contiguous();
     ctx->saved_data["delta_type"] = static_cast<int64_t>(delta.scalar_type());
     return save(ctx,
                 add_layer_norm_forward(x.contiguous(), delta.contiguous(), g, beta.contiguous(),
                                        eps, out_type),
-                g);
+                g, gamma, beta, accumulate);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -204,7 +237,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     if (ctx->needs_input_grad(1) && g.dy.defined()) {
       ddelta = g.dy.to(static_cast<torch::ScalarType>(ctx->saved_data["delta_type"].toInt()));
     }
-    return {dx, ddelta, g.dgamma, g.dbeta, torch::Tensor(), torch::Tensor()};
+    return {dx, ddelta, g.dgamma, g.dbeta, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -213,18 +246,18 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const torch::Tensor& x, const torch::Tensor& gamma,
                                                 const torch::Tensor& beta, double eps,
-                                                torch::ScalarType out_type) {
+                                                torch::ScalarType out_type, bool accumulate) {
     const auto g = gamma.contiguous();
     return save(ctx,
                 add_layer_norm_forward(x.contiguous(), torch::Tensor(), g, beta.contiguous(), eps,
                                        out_type),
-                g);
+                g, gamma, beta, accumulate);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto g = norm_backward(ctx, grads);
-    return {g.dy, g.dgamma, g.dbeta, torch::Tensor(), torch::Tensor()};
+    return {g.dy, g.dgamma, g.dbeta, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -232,9 +265,12 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
 std::vector<torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& delta,
                                           const torch::Tensor& gamma, const torch::Tensor& beta,
-                                          double eps, torch::ScalarType out_type) {
-  if (!delta.defined()) return LayerNormFunction::apply(x, gamma, beta, eps, out_type);
-  return AddLayerNormFunction::apply(x, delta, gamma, beta, eps, out_type);
+                                          double eps, torch::ScalarType out_type,
+                                          bool accumulate_grad) {
+  if (!delta.defined()) {
+    return LayerNormFunction::apply(x, gamma, beta, eps, out_type, accumulate_grad);
+  }
+  return AddLayerNormFunction::apply(x, delta, gamma, beta, eps, out_type, accumulate_grad);
 }
 
 }  // namespace gpt2p::kernels

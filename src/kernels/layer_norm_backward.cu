@@ -103,10 +103,12 @@ __global__ void __launch_bounds__(kMaxThreads<kWidth>)
 
 // dgamma (blockIdx.y 0) or dbeta (1) of kReduceCols columns: thread (c, s) adds partials s,
 // s + kReduceSplit, ... of column c in that order, then thread (c, 0) adds the kReduceSplit sums
-// in order. With no partials (no rows) the results are zeros.
+// in order. With no partials (no rows) the results are zeros. With `accumulate` each result is
+// added to what dgamma or dbeta hold.
 __global__ void __launch_bounds__(kReduceCols* kReduceSplit)
     reduce_partials_kernel(const float* __restrict__ partials, float* __restrict__ dgamma,
-                           float* __restrict__ dbeta, int64_t num_partials, int cols) {
+                           float* __restrict__ dbeta, int64_t num_partials, int cols,
+                           bool accumulate) {
   __shared__ float sums[kReduceSplit][kReduceCols + 1];
   const int col = static_cast<int>(blockIdx.x * kReduceCols + threadIdx.x);
   const float* p = partials + blockIdx.y * num_partials * cols;
@@ -120,7 +122,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSplit)
   float total = 0.0f;
 #pragma unroll
   for (int r = 0; r < kReduceSplit; ++r) total += sums[r][threadIdx.x];
-  (blockIdx.y == 0 ? dgamma : dbeta)[col] = total;
+  float* out = blockIdx.y == 0 ? dgamma : dbeta;
+  out[col] = accumulate ? out[col] + total : total;
 }
 
 int64_t rows_per_partial(int64_t rows) {
@@ -179,7 +182,8 @@ void add_layer_norm_backward(const AddLayerNormBackward& a, void* stream) {
   }
   const dim3 grid(static_cast<unsigned>((cols + kReduceCols - 1) / kReduceCols), 2);
   const dim3 block(kReduceCols, kReduceSplit);
-  reduce_partials_kernel<<<grid, block, 0, s>>>(a.workspace, a.dgamma, a.dbeta, partials, cols);
+  reduce_partials_kernel<<<grid, block, 0, s>>>(a.workspace, a.dgamma, a.dbeta, partials, cols,
+                                                a.accumulate);
   check_launch("add_layer_norm_backward (dgamma, dbeta)");
 }
 

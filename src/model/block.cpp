@@ -92,17 +92,19 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 #if GPT2P_WITH_CUDA
 namespace {
 std::vector<torch::Tensor> add_norm(const torch::Tensor& residual, const torch::Tensor& delta,
-                                    const torch::nn::LayerNorm& ln, torch::ScalarType out_type) {
-  return kernels::add_layer_norm(residual, delta, ln->weight, ln->bias, ln->options.eps(),
-                                 out_type);
+                                    const torch::nn::LayerNorm& ln, torch::ScalarType out_type,
+                                    bool accumulate) {
+  return kernels::add_layer_norm(residual, delta, ln->weight, ln->bias, ln->options.eps(), out_type,
+                                 accumulate);
 }
 }  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> BlockImpl::forward_fused(const torch::Tensor& residual,
                                                                  const torch::Tensor& delta,
                                                                  torch::ScalarType out_type) {
-  const auto first = add_norm(residual, delta, ln_1, out_type);            // {x, ln_1(x)}
-  const auto second = add_norm(first[0], attn(first[1]), ln_2, out_type);  // {y, ln_2(y)}
+  const auto first = add_norm(residual, delta, ln_1, out_type, accumulate_grads);  // {x, ln_1(x)}
+  const auto second =
+      add_norm(first[0], attn(first[1]), ln_2, out_type, accumulate_grads);  // {y, ln_2(y)}
   return {second[0], mlp(second[1])};
 }
 #else

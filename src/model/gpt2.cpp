@@ -154,10 +154,11 @@ void GPT2Impl::set_kernels(Kernels kernels) {
 void GPT2Impl::set_grad_accumulation(bool on) {
   const char* env = std::getenv("GPT2P_GEMM_ACCUMULATE");
   if (env != nullptr && std::string(env) == "0") on = false;
-  accumulate_grads_ = on;
+  accumulate_grads_ = on;  // the token lookup and ln_f
   if (!h) return;
   for (const auto& block : h->values()) {
     auto* b = block->as<BlockImpl>();
+    b->accumulate_grads = on;
     b->attn->accumulate_grads = on;
     b->mlp->accumulate_grads = on;
   }
@@ -249,7 +250,7 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
   if (has_head()) {
 #if GPT2P_WITH_CUDA
     return kernels::add_layer_norm(residual, delta, ln_f->weight, ln_f->bias, ln_f->options.eps(),
-                                   out_type)[1];
+                                   out_type, accumulate_grads_)[1];
 #endif
   }
   return delta.defined() ? residual + delta : residual;

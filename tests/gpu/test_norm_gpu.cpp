@@ -185,6 +185,47 @@ TEST(AddLayerNormBackward, ScalarPathManyBlocksAndWidthLimits) {
   check_backward({17, 8190}, std::nullopt, torch::kFloat32);
 }
 
+// Two micro-batches with accumulate_grad and gamma's and beta's .grad allocated before (as a
+// graphed pipeline stage keeps them): both gradients are added into those very tensors by the
+// reduction kernel and equal what autograd adds up on the plain path; without a .grad (the first
+// backward of a run) autograd gets the gradients as usual.
+TEST(AddLayerNormBackward, AccumulatesTheParameterGradientsInPlace) {
+  GPT2P_REQUIRE_GPU();
+  const auto in = make_inputs({2, 40, 96}, torch::kBFloat16, 5);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  const torch::Tensor ups[2] = {torch::randn({2, 40, 96}, opts), torch::randn({2, 40, 96}, opts)};
+  torch::Tensor dgamma[2], dbeta[2];
+  for (int i = 0; i < 2; ++i) {
+    const bool accumulate = i == 1;
+    auto gamma = in.gamma.clone().requires_grad_(true), beta = in.beta.clone().requires_grad_(true);
+    if (accumulate) {
+      gamma.mutable_grad() = torch::zeros_like(gamma);
+      beta.mutable_grad() = torch::zeros_like(beta);
+    }
+    const auto before = accumulate ? gamma.grad().data_ptr() : nullptr;
+    for (int mb = 0; mb < 2; ++mb) {
+      const auto x = (in.x + mb).requires_grad_(true);
+      const auto outs = kernels::add_layer_norm(x, in.delta, gamma, beta, kEps, torch::kBFloat16,
+                                                accumulate);
+      (outs[1].to(torch::kFloat32) * ups[mb]).sum().backward();
+    }
+    if (accumulate) {
+      EXPECT_EQ(gamma.grad().data_ptr(), before) << "the same .grad, added into";
+    }
+    dgamma[i] = gamma.grad();
+    dbeta[i] = beta.grad();
+  }
+  EXPECT_LT(rel_diff(dgamma[1], dgamma[0]), 1e-6);
+  EXPECT_LT(rel_diff(dbeta[1], dbeta[0]), 1e-6);
+  // No .grad yet: the gradients reach autograd.
+  auto gamma = in.gamma.clone().requires_grad_(true), beta = in.beta.clone().requires_grad_(true);
+  const auto outs =
+      kernels::add_layer_norm(in.x, in.delta, gamma, beta, kEps, torch::kBFloat16, true);
+  (outs[1].to(torch::kFloat32) * ups[0]).sum().backward();
+  ASSERT_TRUE(gamma.grad().defined() && beta.grad().defined());
+  EXPECT_GT(beta.grad().abs().sum().item<double>(), 0.0);
+}
+
 TEST(AddLayerNormBackward, DirectCallAddsTheResidualGradient) {
   GPT2P_REQUIRE_GPU();
   const auto in = make_inputs({9, 96}, torch::kFloat32, 4);

@@ -25,15 +25,22 @@ NormResult add_layer_norm_forward(const torch::Tensor& x, const torch::Tensor& d
 // The gradients of add_layer_norm_forward's out: dout [..., C] (bfloat16 or float32), y, mean
 // and rstd as it returned them, gamma; dresidual undefined or float32 of y's shape (the gradient
 // arriving at y itself, added to dy). Returns (dy float32 of y's shape, dgamma [C], dbeta [C]),
-// dgamma and dbeta summed in a fixed order (deterministic).
+// dgamma and dbeta summed in a fixed order (deterministic). Given `into_dgamma` and `into_dbeta`
+// (float32 [C], contiguous, on y's device) the sums are added into them instead, and the
+// returned dgamma and dbeta are undefined.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> add_layer_norm_backward(
     const torch::Tensor& dout, const torch::Tensor& y, const torch::Tensor& mean,
-    const torch::Tensor& rstd, const torch::Tensor& gamma, const torch::Tensor& dresidual);
+    const torch::Tensor& rstd, const torch::Tensor& gamma, const torch::Tensor& dresidual,
+    const torch::Tensor& into_dgamma = {}, const torch::Tensor& into_dbeta = {});
 
 // y = x + delta (delta may be undefined: y = x), out = LayerNorm(y) in out_type; returns {y, out};
-// differentiable in x, delta, gamma, beta.
+// differentiable in x, delta, gamma, beta. With `accumulate_grad`, where gamma's and beta's .grad
+// exist (float32, contiguous: a graphed pipeline stage keeps them), backward adds their gradients
+// into them in its reduction kernel and hands autograd none, as kernels::linear does with its
+// weight: one kernel less per parameter and micro-batch.
 std::vector<torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& delta,
                                           const torch::Tensor& gamma, const torch::Tensor& beta,
-                                          double eps, torch::ScalarType out_type);
+                                          double eps, torch::ScalarType out_type,
+                                          bool accumulate_grad = false);
 
 }  // namespace gpt2p::kernels

@@ -54,10 +54,11 @@ struct AddLayerNormBackward {
   const float* gamma = nullptr;      // [cols]
   const float* dresidual = nullptr;  // [rows, cols]: the gradient arriving at y, or null
   float* dy = nullptr;               // [rows, cols]: d loss / d y (may be dresidual itself)
-  float* dgamma = nullptr;           // [cols], overwritten
-  float* dbeta = nullptr;            // [cols], overwritten
+  float* dgamma = nullptr;           // [cols], overwritten (added into with accumulate)
+  float* dbeta = nullptr;            // [cols], overwritten (added into with accumulate)
   float* workspace = nullptr;        // add_layer_norm_workspace(rows, cols) floats, 16-byte aligned
   int64_t rows = 0, cols = 0;
+  bool accumulate = false;  // dgamma += and dbeta += this backward's sums
 };
 
 // Floats of workspace add_layer_norm_backward needs for rows x cols: two slices of cols for each

@@ -67,6 +67,8 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
+  // forward_fused: the LayerNorms' gradients added into their .grad (kernels::add_layer_norm)
+  bool accumulate_grads = false;
 };
 TORCH_MODULE(Block);
 
