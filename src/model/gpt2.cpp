@@ -89,42 +89,6 @@ class SinkedLookup : public torch::autograd::Function<SinkedLookup> {
   }
 };
 
-// The token lookup whose backward adds its rows into the weight's .grad where that exists
-// (float32, contiguous, on the gradient's device) and hands autograd nothing for the weight. ATen's
-// lookup backward builds a dense [vocabulary, C] gradient per backward -- a zero fill, a scatter
-// and an add of 154 MB for GPT-2 in float32 -- which a pipeline stage pays once per micro-batch;
-// this touches only the looked-up rows. index_put_ with accumulate sorts the ids (a stable radix
-// sort) and adds each row's duplicates in order, so it is deterministic. Elsewhere it returns
-// ATen's dense gradient, as the plain lookup does.
-class AccumulatedLookup : public torch::autograd::Function<AccumulatedLookup> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& ids,
-                               const torch::Tensor& weight) {
-    ctx->save_for_backward({ids});
-    ctx->saved_data["weight"] = weight;
-    return weight.index_select(0, ids.reshape({-1}))
-        .view({ids.size(0), ids.size(1), weight.size(1)});
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto ids = ctx->get_saved_variables()[0].reshape({-1});
-    const auto weight = ctx->saved_data["weight"].toTensor();
-    const auto rows = grads[0].reshape({-1, weight.size(1)});
-    torch::Tensor grad = weight.grad();
-    if (grad.defined() && grad.scalar_type() == torch::kFloat32 && grad.is_contiguous() &&
-        grad.device() == rows.device()) {
-      torch::NoGradGuard no_grad;
-      grad.index_put_({ids}, rows.to(torch::kFloat32), /*accumulate=*/true);
-      return {torch::Tensor(), torch::Tensor()};
-    }
-    return {torch::Tensor(),
-            at::embedding_dense_backward(rows, ids, weight.size(0), /*padding_idx=*/-1,
-                                         /*scale_grad_by_freq=*/false)
-                .to(weight.scalar_type())};
-  }
-};
-
 }  // namespace
 
 void GPT2Impl::set_embedding_grad_sink(EmbeddingGradSink sink) {
@@ -154,7 +118,7 @@ void GPT2Impl::set_kernels(Kernels kernels) {
 void GPT2Impl::set_grad_accumulation(bool on) {
   const char* env = std::getenv("GPT2P_GEMM_ACCUMULATE");
   if (env != nullptr && std::string(env) == "0") on = false;
-  accumulate_grads_ = on;  // the token lookup and ln_f
+  accumulate_grads_ = on;  // ln_f
   if (!h) return;
   for (const auto& block : h->values()) {
     auto* b = block->as<BlockImpl>();
@@ -214,10 +178,13 @@ torch::Tensor GPT2Impl::features(const torch::Tensor& x) {
                 "cut sequences to at most " << config_.n_ctx << " tokens or use a larger n_ctx");
     const auto pos =
         torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    const auto tokens = sink_ ? SinkedLookup::apply(sink_anchor_, x, wte->weight.detach(), sink_)
-                        : accumulate_grads_ && x.is_cuda()
-                            ? AccumulatedLookup::apply(x, wte->weight)
-                            : wte(x);
+    // The plain lookup's backward hands autograd a dense [vocabulary, C] gradient per backward,
+    // which a stage of M micro-batches fills, scatters and adds M times. Adding the rows into
+    // .grad with index_put_ (accumulate) instead runs each id's repeats in one warp: padded pairs
+    // repeat the pad id thousands of times, and it took 10.6 ms a step at 16 x 1024 on an H100
+    // (results/2026-12-07-h100-stage-grad-adds).
+    const auto tokens =
+        sink_ ? SinkedLookup::apply(sink_anchor_, x, wte->weight.detach(), sink_) : wte(x);
     hidden = drop_(tokens + wpe(pos));
   } else {
     GPT2P_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,

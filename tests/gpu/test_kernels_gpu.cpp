@@ -218,43 +218,6 @@ TEST(FusedLinear, AccumulatesTheWeightGradientInPlace) {
   EXPECT_GT(w.grad().abs().sum().item<double>(), 0.0);
 }
 
-// A stage holding the embedding, with grad accumulation on and .grad allocated (a graphed
-// pipeline stage): two micro-batches' token lookups add their rows into wte's .grad in place,
-// with many repeated ids, and give what autograd's dense lookup gradients add up to; two runs
-// give the same bits (the sorted accumulation is deterministic).
-TEST(AccumulatedLookup, AddsTheLookedUpRowsIntoTheGradientInPlace) {
-  GPT2P_REQUIRE_GPU();
-  const auto config = testing::small_model(1, 300);
-  torch::manual_seed(11);
-  const auto opts = torch::TensorOptions().device(kGpu);
-  const torch::Tensor ids[2] = {torch::randint(0, 40, {4, 32}, opts.dtype(torch::kLong)),
-                                torch::randint(0, 40, {4, 32}, opts.dtype(torch::kLong))};
-  const torch::Tensor ups[2] = {torch::randn({4, 32, config.n_embd}, opts),
-                                torch::randn({4, 32, config.n_embd}, opts)};
-  const auto run = [&](bool accumulate) {
-    model::GPT2 stage(config, model::LayerRange{0, 1});
-    stage->reset_parameters(1);
-    stage->to(kGpu);
-    stage->train();
-    if (accumulate) {
-      stage->set_grad_accumulation(true);
-      for (auto& p : stage->parameters()) p.mutable_grad() = torch::zeros_like(p);
-    }
-    const auto before = accumulate ? stage->wte->weight.grad().data_ptr() : nullptr;
-    for (int mb = 0; mb < 2; ++mb) (stage->forward(ids[mb]) * ups[mb]).sum().backward();
-    if (accumulate) {
-      EXPECT_EQ(stage->wte->weight.grad().data_ptr(), before) << "the same .grad, added into";
-    }
-    return stage->wte->weight.grad().clone();
-  };
-  const auto plain = run(false), once = run(true), again = run(true);
-  EXPECT_GT(plain.abs().sum().item<double>(), 0.0);
-  EXPECT_LT(rel_diff(once, plain), 1e-6);
-  EXPECT_TRUE(torch::equal(once, again));
-  // Rows never looked up stay zero.
-  EXPECT_EQ(once.narrow(0, 40, once.size(0) - 40).abs().sum().item<double>(), 0.0);
-}
-
 // The whole head: linear_cross_entropy fused against reference.
 void check_head(torch::ScalarType compute, double loss_tol, double grad_tol) {
   torch::manual_seed(3);

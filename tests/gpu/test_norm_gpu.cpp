@@ -358,7 +358,8 @@ TEST(AddLayerNormChecks, BadInputsFailWithAMessage) {
 TEST(AddLayerNormWorkspace, DependsOnlyOnTheShape) {
   EXPECT_EQ(kernels::add_layer_norm_workspace(0, 768), 0);
   EXPECT_EQ(kernels::add_layer_norm_workspace(1, 768), 2 * 768);         // one block
-  EXPECT_EQ(kernels::add_layer_norm_workspace(111, 768), 2 * 14 * 768);  // 8 rows a block
+  EXPECT_EQ(kernels::add_layer_norm_workspace(111, 768), 2 * 56 * 768);  // 2 rows a block
+  EXPECT_EQ(kernels::add_layer_norm_workspace(2048, 768), 2 * 1024 * 768);
   EXPECT_EQ(kernels::add_layer_norm_workspace(16384, 768), 2 * 1024 * 768);
   EXPECT_EQ(kernels::add_layer_norm_workspace(10001, 64), 2 * 1001 * 64);  // 10 rows a block
 }
