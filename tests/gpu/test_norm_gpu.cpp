@@ -205,8 +205,8 @@ TEST(AddLayerNormBackward, AccumulatesTheParameterGradientsInPlace) {
     const auto before = accumulate ? gamma.grad().data_ptr() : nullptr;
     for (int mb = 0; mb < 2; ++mb) {
       const auto x = (in.x + mb).requires_grad_(true);
-      const auto outs = kernels::add_layer_norm(x, in.delta, gamma, beta, kEps, torch::kBFloat16,
-                                                accumulate);
+      const auto outs =
+          kernels::add_layer_norm(x, in.delta, gamma, beta, kEps, torch::kBFloat16, accumulate);
       (outs[1].to(torch::kFloat32) * ups[mb]).sum().backward();
     }
     if (accumulate) {
