@@ -4,6 +4,7 @@
 
 #include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
+#include "grad_into.h"
 #include "lt_gemm.h"
 
 namespace gpt2p::kernels {
@@ -74,14 +75,10 @@ bool add_linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, to
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
                            const torch::Tensor& accumulate_into, torch::Tensor& dw,
                            torch::Tensor& db) {
-  if (accumulate_into.defined()) {
-    torch::Tensor grad = accumulate_into.grad();
-    if (grad.defined() && grad.scalar_type() == torch::kFloat32 && grad.is_contiguous() &&
-        grad.sizes() == accumulate_into.sizes() && grad.device() == dy.device() &&
-        add_linear_weight_grads(dy, x, grad, db)) {
-      dw = torch::Tensor();
-      return;
-    }
+  torch::Tensor grad = detail::grad_to_add_into(accumulate_into, dy.device());
+  if (grad.defined() && add_linear_weight_grads(dy, x, grad, db)) {
+    dw = torch::Tensor();
+    return;
   }
   weight_and_bias_grads(dy, x, dw, db);
 }

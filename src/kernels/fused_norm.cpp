@@ -8,6 +8,7 @@
 
 #include "gpt2p/core/error.h"
 #include "gpt2p/kernels/layer_norm.h"
+#include "grad_into.h"
 
 namespace gpt2p::kernels {
 namespace {
@@ -178,15 +179,11 @@ torch::autograd::variable_list save(torch::autograd::AutogradContext* ctx, const
 }
 
 // The .grad of the leaf saved under `key` when backward can add into it, else undefined.
-torch::Tensor grad_to_add_into(torch::autograd::AutogradContext* ctx, const char* key,
-                               const torch::Tensor& like) {
+torch::Tensor saved_grad_to_add_into(torch::autograd::AutogradContext* ctx, const char* key,
+                                     const torch::Device& device) {
   const auto it = ctx->saved_data.find(key);
   if (it == ctx->saved_data.end()) return {};
-  torch::Tensor grad = it->second.toTensor().grad();
-  const bool usable = grad.defined() && grad.scalar_type() == torch::kFloat32 &&
-                      grad.is_contiguous() && grad.device() == like.device() &&
-                      grad.numel() == like.numel();
-  return usable ? grad : torch::Tensor();
+  return detail::grad_to_add_into(it->second.toTensor(), device);
 }
 
 // d loss / d y (undefined when no gradient arrived at all), dgamma and dbeta.
@@ -201,8 +198,8 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx,
   NormGrads g;
   g.dy = grad_y;  // no gradient for out: d loss / d y is grad_y alone
   if (grads[1].defined()) {
-    auto into_dgamma = grad_to_add_into(ctx, "gamma", saved[3]);
-    auto into_dbeta = grad_to_add_into(ctx, "beta", saved[3]);
+    auto into_dgamma = saved_grad_to_add_into(ctx, "gamma", saved[3].device());
+    auto into_dbeta = saved_grad_to_add_into(ctx, "beta", saved[3].device());
     if (!into_dgamma.defined() || !into_dbeta.defined()) {
       into_dgamma = torch::Tensor();
       into_dbeta = torch::Tensor();

@@ -167,14 +167,18 @@ int train_pipeline(const parallel::TrainConfig& cfg_in, const Topology& topo) {
   TrainData& data = *opened;
   const auto positions = cfg.compute.loss_positions;
   // The head's cost depends on how many positions it runs at: the data's share of targets.
-  const double loss_share =
-      positions == model::LossPositions::kTargets ? data.target_fraction() : 1.0;
+  const double loss_share = model::head_row_share(positions, data.target_fraction());
   std::vector<double> costs;
   if (cfg.pipeline.partition == pipeline::PartitionKind::kMeasured && cfg.output.resume.empty()) {
     // The head as the run runs it: at the targets, or everywhere with the targets weighted.
+    pipeline::LayerTiming timing;
+    timing.loss_fraction = data.target_fraction();
+    timing.kernels = ctx.kernels;
+    timing.graphs = pipeline_graph_blocker(ctx).empty();
+    timing.microbatches = m;
+    timing.positions = positions;
     costs = measured_layer_costs(*pipe, ctx.model_config, data.local_batch() / m, cfg.optim.seq_len,
-                                 ctx.autocast, data.target_fraction(), ctx.kernels,
-                                 pipeline_graph_blocker(ctx).empty(), m, positions);
+                                 ctx.autocast, timing);
     // Every replica splits as replica 0 measured, or their stages would differ.
     if (replicas != nullptr) costs = broadcast_costs(*replicas, costs);
     compat::reset_peak_memory(ctx.device);

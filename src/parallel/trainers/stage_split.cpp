@@ -40,18 +40,10 @@ pipeline::Partition stage_partition(pipeline::PartitionKind partition,
 
 std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
                                          int64_t micro_rows, int64_t seq_len,
-                                         torch::ScalarType autocast, double loss_fraction,
-                                         model::Kernels kernels, bool graphs, int microbatches,
-                                         model::LossPositions positions) {
+                                         torch::ScalarType autocast, pipeline::LayerTiming timing) {
   auto t = torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64));
   if (comm.rank() == 0) {
-    pipeline::LayerTiming timing;
-    timing.loss_fraction = loss_fraction;
-    timing.measure_memory = false;
-    timing.kernels = kernels;
-    timing.graphs = graphs;
-    timing.microbatches = microbatches;
-    timing.positions = positions;
+    timing.measure_memory = false;  // the split needs the times only
     const auto times =
         pipeline::measure_layer_times(config, micro_rows, seq_len, autocast, comm.device(), timing);
     t = torch::tensor({times.embedding, times.block, times.head}, t.options());

@@ -117,9 +117,10 @@ double allocated_bytes(const torch::Device& device) {
 }
 
 // Bytes one forward of `part` leaves allocated until its backward, its output included (CUDA).
-// Inside one step's weight casts, as training runs it: a first forward + backward makes the bf16
-// copies of the weights, which the step keeps once whatever its micro-batches
-// (ActivationBytes::block_weight_copies), so the forward measured after it counts its own bytes.
+// Inside one step's weight casts, as training runs it: a first forward + backward makes the
+// gradients (no activations) and the bf16 copies of the weights, which the step keeps once
+// whatever its micro-batches (ActivationBytes::block_weight_copies), so the forward measured
+// after it counts its own bytes.
 double kept_bytes(Part& part, const torch::Device& device) {
   const compat::AutocastCacheScope casts;
   part.backward(part.forward());
@@ -161,11 +162,8 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
     Part part(config, {begin, end}, micro_rows, seq_len, autocast, device, loss_fraction,
               timing.kernels, model::Recompute::kNone, microbatches, timing.positions);
     if (graphed) {
-      // The bytes eagerly, once the first backward made the gradients; then the graphs.
-      if (count && bytes != nullptr) {
-        part.iteration();
-        *bytes = kept_bytes(part, device);
-      }
+      // The bytes eagerly (kept_bytes' first backward makes the gradients); then the graphs.
+      if (count && bytes != nullptr) *bytes = kept_bytes(part, device);
       part.use_graphs();
       return time_part(part, device, std::max(warmup, StageGraphs::kWarmupSteps + 1), reps, rounds);
     }
@@ -178,7 +176,6 @@ LayerTimes measure_layer_times(const model::GPT2Config& config, int64_t micro_ro
   if (count) {
     Part part(config, {1, 2}, micro_rows, seq_len, autocast, device, loss_fraction, timing.kernels,
               model::Recompute::kBlocks);
-    part.iteration();  // the first backward makes the gradients, which are no activations
     kept.block_recompute = kept_bytes(part, device);
     kept.measured = true;
   }

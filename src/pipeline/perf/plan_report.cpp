@@ -142,7 +142,6 @@ nlohmann::json plan_document(const Plan& plan, const PlanSpec& spec,
               {"link_gbs", spec.link_gbs},
               {"loss_fraction", spec.loss_fraction},
               {"loss_positions", name_string(spec.loss_positions)},
-              {"loss_positions", name_string(spec.loss_positions)},
               {"recompute", name_string(spec.recompute)},
               {"zero", spec.zero}});
   return doc;

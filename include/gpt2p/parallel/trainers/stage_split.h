@@ -9,6 +9,7 @@
 #include "gpt2p/comm/communicator.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/options.h"
+#include "gpt2p/pipeline/perf/layer_profile.h"
 #include "gpt2p/pipeline/plan/partition.h"
 
 namespace gpt2p::parallel {
@@ -25,16 +26,13 @@ pipeline::Partition stage_partition(pipeline::PartitionKind partition,
 
 // Layer costs for --partition measured: rank 0 times the layers (pipeline/perf/layer_profile.h) for
 // a micro-batch of `micro_rows` x `seq_len` on comm's device and broadcasts them, so every rank
-// cuts the model the same way. `loss_fraction`: the share of positions the loss weights, and
-// `positions` where the head runs (--loss-positions: at those, or at every position); `kernels`
-// the run's resolved --kernels (see measure_layer_times), `graphs` whether the run's stages run as
-// CUDA graphs (timed the same way), `microbatches` the step's M (each part timed as a stage of M
-// micro-batches runs it). Collective: every rank of `comm` calls it.
-std::vector<double> measured_layer_costs(
-    comm::Communicator& comm, const model::GPT2Config& config, int64_t micro_rows, int64_t seq_len,
-    torch::ScalarType autocast, double loss_fraction = 1.0,
-    model::Kernels kernels = model::Kernels::kReference, bool graphs = false, int microbatches = 1,
-    model::LossPositions positions = model::LossPositions::kTargets);
+// cuts the model the same way. `timing` as the run runs its stages (the data's loss fraction, its
+// --loss-positions, resolved --kernels, whether its stages run as CUDA graphs, its M); the
+// activation bytes are not measured. Collective: every rank of `comm` calls it.
+std::vector<double> measured_layer_costs(comm::Communicator& comm, const model::GPT2Config& config,
+                                         int64_t micro_rows, int64_t seq_len,
+                                         torch::ScalarType autocast,
+                                         pipeline::LayerTiming timing = {});
 
 // A resumed run keeps the split its checkpoint was written with: stage s's layer range from
 // <resume>/stage<s>/meta.json. Throws naming the checkpoint when it holds another number of
