@@ -84,13 +84,19 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
 
   const int n = comms[0]->size(), rank = comms[0]->rank();
   pipeline::CommTransport transport(*comms[0], *comms[1], comms[2].get(), comms[3].get());
+  // lookup_per_step: the first stage sums the token lookup's gradient once per step
+  // (GptStage::sum_lookup_grads_per_step, as pp_train without replicas), else autograd's per
+  // micro-batch.
   struct Case {
     pipeline::ScheduleKind kind;
     int per_rank, m;
     bool zero_bubble = false;
+    bool lookup_per_step = true;
   };
   const Case cases[] = {{pipeline::ScheduleKind::kGPipe, 1, 4},
+                        {pipeline::ScheduleKind::kGPipe, 1, 4, false, false},
                         {pipeline::ScheduleKind::kOneFOneB, 1, 4},
+                        {pipeline::ScheduleKind::kOneFOneB, 1, 4, false, false},
                         {pipeline::ScheduleKind::kInterleaved, 2, 2 * n},
                         {pipeline::ScheduleKind::kInterleaved, 2, 4 * n},
                         {pipeline::ScheduleKind::kOneFOneB, 1, 4, true},
@@ -98,7 +104,8 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
   for (const auto& c : cases) {
     if (kRows % c.m != 0) continue;
     SCOPED_TRACE(pipeline::to_string(c.kind) + " x" + std::to_string(c.per_rank) +
-                 " M=" + std::to_string(c.m) + (c.zero_bubble ? " zero-bubble" : ""));
+                 " M=" + std::to_string(c.m) + (c.zero_bubble ? " zero-bubble" : "") +
+                 (c.lookup_per_step ? " lookup per step" : " lookup per micro-batch"));
     const auto split = parallel::stage_partition(pipeline::PartitionKind::kBalanced, config,
                                                  n * c.per_rank, kSeq, {}, c.per_rank);
     std::vector<model::GPT2> models;
@@ -111,6 +118,7 @@ TEST_F(PipelineGpu, EverySchedulesLossAndGradientsMatchTheWholeModel) {
       models.back()->to(device);
       stages.push_back(std::make_unique<pipeline::GptStage>(
           models.back(), c.m, torch::kFloat32, model::LossPositions::kTargets, c.zero_bubble));
+      if (c.lookup_per_step) stages.back()->sum_lookup_grads_per_step();
       stages.back()->set_batch(b);
       ptrs.push_back(stages.back().get());
     }

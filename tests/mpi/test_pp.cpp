@@ -74,10 +74,13 @@ struct PipelineRun {
   }
 };
 
-// zero_bubble: split backwards, W's placed by zero_bubble_schedule (schedule.h).
+// zero_bubble: split backwards, W's placed by zero_bubble_schedule (schedule.h). lookup_per_step:
+// the first stage sums the token lookup's gradient once per step
+// (GptStage::sum_lookup_grads_per_step, as pp_train without replicas).
 PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& partition,
                           pipeline::ScheduleKind kind, int m, int per_rank = 1,
-                          int64_t rows = kBatch, bool zero_bubble = false) {
+                          int64_t rows = kBatch, bool zero_bubble = false,
+                          bool lookup_per_step = true) {
   auto& comm = world();
   const int n = comm.size();
   std::vector<double> costs;
@@ -94,6 +97,7 @@ PipelineRun make_pipeline(const model::GPT2Config& config, const std::string& pa
     run.models.back()->reset_parameters(kSeed);
     run.stages.push_back(std::make_unique<pipeline::GptStage>(
         run.models.back(), m, torch::kFloat32, model::LossPositions::kTargets, zero_bubble));
+    if (lookup_per_step) run.stages.back()->sum_lookup_grads_per_step();
     stages.push_back(run.stages.back().get());
   }
   // MPI calls never block, so the wrap channels may share the two communicators.
@@ -174,9 +178,12 @@ TEST(PipelineMpi, LossAndEveryGradientMatchTheWholeModel) {
   for (const std::string partition : {"uniform", "balanced", "measured"}) {
     for (auto kind : {pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::kOneFOneB}) {
       for (int m : {1, 2, 4}) {
-        SCOPED_TRACE(partition + " " + pipeline::to_string(kind) + " M=" + std::to_string(m));
-        auto run = make_pipeline(config, partition, kind, m);
-        expect_whole_model_gradients(run, batch, ref_loss, ref);
+        for (const bool per_step : {true, false}) {
+          SCOPED_TRACE(partition + " " + pipeline::to_string(kind) + " M=" + std::to_string(m) +
+                       (per_step ? " lookup per step" : " lookup per micro-batch"));
+          auto run = make_pipeline(config, partition, kind, m, 1, kBatch, false, per_step);
+          expect_whole_model_gradients(run, batch, ref_loss, ref);
+        }
       }
     }
   }

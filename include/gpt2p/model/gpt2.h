@@ -83,10 +83,12 @@ class GPT2Impl : public torch::nn::Module {
   torch::Tensor tied_parameter() const;
 
   // Takes the embedding's part of the tied weight's gradient out of autograd (data parallelism's
-  // sparse sync, grad_sync.h). With a sink set, the token lookup contributes no gradient to wte
-  // through autograd, so wte's gradient is complete as soon as the head's is; instead backward
-  // hands the sink the lookup's ids [B,T] and output gradient [B,T,C], and whoever set it must add
-  // the embedding's part to wte's gradient itself. An empty function restores the plain lookup.
+  // sparse sync, grad_sync.h; a pipeline stage's once-per-step sum,
+  // GptStage::sum_lookup_grads_per_step). With a sink set, the token lookup contributes no gradient
+  // to wte through autograd, so wte's gradient is complete as soon as the head's is; instead
+  // backward hands the sink the lookup's ids [B,T] and output gradient [B,T,C], and whoever set it
+  // must add the embedding's part to wte's gradient itself. An empty function restores the plain
+  // lookup.
   using EmbeddingGradSink =
       std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
   void set_embedding_grad_sink(EmbeddingGradSink sink);

@@ -115,6 +115,8 @@ class PipelineStep final : public StepStrategy {
       // kinds).
       stages_[c]->set_last_backward_hook([r = reducers_[c].get()] { r->begin_backward(true); });
       if (graphed) stages_[c]->use_graphs(graph_pool_);
+      // Without replicas nothing reads wte's .grad before the schedule ends.
+      if (replicas() == nullptr) stages_[c]->sum_lookup_grads_per_step();
     }
     const int n = ctx.mesh.pp(), rank = ctx.mesh.pp_rank(), v = cfg_.pipeline.stages_per_rank;
     const auto& mc = ctx.model_config;

@@ -31,6 +31,7 @@ class Part {
       : layers_(config, range),
         stage_(init(layers_, device, kernels, recompute), microbatches, autocast, positions),
         microbatches_(microbatches) {
+    stage_.sum_lookup_grads_per_step();  // as pp_train's stages of one replica
     const auto ids = torch::TensorOptions().dtype(torch::kInt64).device(device);
     const int64_t batch_rows = rows * microbatches;
     StageBatch batch;

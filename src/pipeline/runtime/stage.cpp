@@ -74,8 +74,50 @@ void GptStage::use_graphs(std::shared_ptr<compat::GraphPool> pool) {
   live_inputs_.assign(static_cast<size_t>(n_microbatches_), torch::Tensor());
 }
 
+GptStage::~GptStage() {
+  if (lookup_per_step_) model_->set_embedding_grad_sink({});
+}
+
+void GptStage::sum_lookup_grads_per_step() {
+  if (!is_first()) return;
+  lookup_per_step_ = true;
+  model_->set_embedding_grad_sink([this](const torch::Tensor& ids, const torch::Tensor& grad) {
+    GPT2P_CHECK(lookup_grads_.defined() && grad.size(0) == micro_rows_ &&
+                    grad.size(1) == lookup_grads_.size(1),
+                "the token lookup's gradient " << grad.sizes() << " (ids " << ids.sizes()
+                                               << ") does not fit micro-batch " << backward_mb_
+                                               << "'s rows",
+                "this is a bug: run the stage's backward through GptStage::backward");
+    lookup_grads_.narrow(0, backward_mb_ * micro_rows_, micro_rows_).copy_(grad);
+  });
+}
+
+void GptStage::add_lookup_grads() {
+  torch::NoGradGuard no_grad;
+  const auto& weight = model_->wte->weight;
+  const auto part = at::embedding_dense_backward(lookup_grads_.view({-1, lookup_grads_.size(-1)}),
+                                                 batch_.inputs.reshape({-1}), weight.size(0),
+                                                 /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+  auto& g = weight.mutable_grad();
+  if (g.defined()) {
+    g.add_(part);
+  } else {
+    g = part;
+  }
+}
+
 void GptStage::set_batch(StageBatch batch) {
   backwards_ = 0;
+  if (lookup_per_step_) {
+    // Outside any capture: the graphed backwards write into this buffer at every replay, and a
+    // replay runs only on the shapes it captured.
+    const auto& ids = batch.inputs;
+    if (!lookup_grads_.defined() || lookup_grads_.size(0) != ids.size(0) ||
+        lookup_grads_.size(1) != ids.size(1)) {
+      lookup_grads_ = torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
+                                   model_->wte->weight.options());
+    }
+  }
   if (graphs_ && graphs_->begin_step() == StageGraphs::Mode::kCapture) {
     // The captured backwards add into .grad: it must exist, where it stays, before them.
     torch::NoGradGuard no_grad;
@@ -126,20 +168,23 @@ torch::Tensor GptStage::forward(int mb, const torch::Tensor& input) {
 }
 
 void GptStage::backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) {
-  if (++backwards_ == n_microbatches_ && last_backward_hook_) last_backward_hook_();
+  const bool last = ++backwards_ == n_microbatches_;
+  if (last && last_backward_hook_) last_backward_hook_();
+  backward_mb_ = check_microbatch(mb);
   if (graphs_ && graphs_->mode() != StageGraphs::Mode::kEager) {
     const auto grad_in = graphs_->backward(mb, grad);
     // The executor sends what it finds on its own input.
     if (!is_first()) live_inputs_[static_cast<size_t>(mb)].mutable_grad() = grad_in;
     live_inputs_[static_cast<size_t>(mb)] = torch::Tensor();
-    return;
-  }
-  if (!grad.defined()) {
-    output.backward();
   } else {
-    torch::autograd::backward({output}, {grad});
+    if (!grad.defined()) {
+      output.backward();
+    } else {
+      torch::autograd::backward({output}, {grad});
+    }
+    if (weight_grads_) weight_grads_->close(mb);
   }
-  if (weight_grads_) weight_grads_->close(check_microbatch(mb));
+  if (last && lookup_per_step_) add_lookup_grads();
 }
 
 void GptStage::backward_weight(int mb) {

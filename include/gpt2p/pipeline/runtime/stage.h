@@ -90,6 +90,9 @@ class GptStage : public GptStageBase {
   GptStage(model::GPT2 model, int n_microbatches, torch::ScalarType autocast,
            model::LossPositions positions = model::LossPositions::kTargets,
            bool split_backward = false);
+  ~GptStage() override;  // takes sum_lookup_grads_per_step's sink off the model it leaves
+  GptStage(const GptStage&) = delete;
+  GptStage& operator=(const GptStage&) = delete;
 
   void set_batch(StageBatch batch);
   // Called right before the step's last backward on this stage (the n_microbatches-th, counted
@@ -105,6 +108,15 @@ class GptStage : public GptStageBase {
   void use_graphs(std::shared_ptr<compat::GraphPool> pool);
   // Steps whose micro-batches ran as graphs (0 without use_graphs).
   int64_t graphed_steps() const { return graphs_ ? graphs_->graphed_steps() : 0; }
+  // First stage: the token lookup's part of wte's gradient once per step, not once per
+  // micro-batch. Autograd's lookup backward fills a dense [vocabulary, C] gradient and adds it to
+  // .grad for every micro-batch (at GPT-2's vocabulary 154 MB in fp32 each time). Instead each
+  // micro-batch's backward copies the lookup's output gradient into its rows of one [B, T, C]
+  // buffer (a graphed backward into the same rows at every replay), and the step's last backward
+  // turns the buffer and the batch's ids into the dense gradient once and adds it to .grad. Only
+  // where nothing reads wte's .grad before the step's backwards end: not with a sum over
+  // replicas, whose hooks take each gradient as autograd completes it. No-op on other stages.
+  void sum_lookup_grads_per_step();
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
   // resets it. Other stages: 0.
   double take_loss();
@@ -119,7 +131,13 @@ class GptStage : public GptStageBase {
   torch::Tensor loss_sum_;
   std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
   std::function<void()> last_backward_hook_;
-  int backwards_ = 0;                       // this step's backward calls so far
+  int backwards_ = 0;  // this step's backward calls so far
+  // sum_lookup_grads_per_step: the step's lookup output gradients [B, T, C], and the micro-batch
+  // whose backward runs (the rows its lookup's gradient goes to).
+  bool lookup_per_step_ = false;
+  torch::Tensor lookup_grads_;
+  int backward_mb_ = 0;
+  void add_lookup_grads();
   std::unique_ptr<StageGraphs> graphs_;     // use_graphs
   std::vector<torch::Tensor> live_inputs_;  // graphed: the executor's input of each micro-batch
 };
