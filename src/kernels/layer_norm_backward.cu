@@ -20,9 +20,11 @@ constexpr int64_t kMaxPartials = 1024;
 constexpr int64_t kMinRowsPerPartial = 2;
 
 // The reduction of the partial sums: a block of kReduceCols columns x kReduceSplit threads over
-// the partials of each column.
-constexpr int kReduceCols = 32;
-constexpr int kReduceSplit = 16;
+// the partials of each column. At 1024 partials of 768 columns, 32 x 16 ran 48 blocks of 64
+// dependent loads per thread, 3.9 us a call on an H100: 16 x 32 runs twice the blocks, and each
+// thread's loads are unrolled so that several are in flight.
+constexpr int kReduceCols = 16;
+constexpr int kReduceSplit = 32;
 
 // dresidual and dy are not __restrict__: dy may be dresidual. partials is [2, num_partials, cols]:
 // this block's dgamma sums in slice blockIdx.x, its dbeta sums in slice num_partials + blockIdx.x.
@@ -114,6 +116,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSplit)
   const float* p = partials + blockIdx.y * num_partials * cols;
   float s = 0.0f;
   if (col < cols) {
+#pragma unroll 8
     for (int64_t q = threadIdx.y; q < num_partials; q += kReduceSplit) s += p[q * cols + col];
   }
   sums[threadIdx.y][threadIdx.x] = s;
