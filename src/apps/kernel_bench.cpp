@@ -4,11 +4,7 @@
 //   kernel_bench [ROWS]        ROWS: head positions (default 16384 = 16 x 1024)
 //
 // Lines: the softmax/cross-entropy/gradient pass over one 4096-row chunk of logits, and the
-// whole LM head with its gradients (linear_cross_entropy) over ROWS positions, bf16 and fp32; then
-// a block's linear layers adding their weight and bias gradients into .grad (as a graphed pipeline
-// stage's micro-batch does), bf16 at 2048 rows (a stage's micro-batch at M = 8) and ROWS: the
-// weight-gradient GEMM with cuBLASLt's bias-gradient epilogue and an add into the bias's .grad,
-// against the GEMM alone and the column-sum kernel adding into it.
+// whole LM head with its gradients (linear_cross_entropy) over ROWS positions, bf16 and fp32.
 // Exit status 2 for bad arguments, 1 without a GPU.
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -23,7 +19,6 @@
 #include "gpt2p/compat/device.h"
 #include "gpt2p/compat/version.h"
 #include "gpt2p/kernels/fused_head.h"
-#include "gpt2p/kernels/fused_linear.h"
 #include "gpt2p/model/config.h"
 #include "gpt2p/model/lm_head_loss.h"
 
@@ -67,37 +62,6 @@ void reference_pass(const torch::Tensor& logits, const torch::Tensor& labels,
   g.scatter_(1, target, target_logp.exp() - 1.0);
   auto gc = g.to(compute);
   (void)loss;
-}
-
-// The block's four linear layers (in -> out): c_attn, attn.c_proj, c_fc, mlp.c_proj.
-void bias_grad_lines(int64_t c, int64_t rows) {
-  const auto opts = torch::TensorOptions().device(kGpu);
-  const int64_t shapes[][2] = {{c, 3 * c}, {c, c}, {c, 4 * c}, {4 * c, c}};
-  for (const int64_t n : {int64_t{2048}, rows}) {
-    for (const auto& shape : shapes) {
-      const int64_t in = shape[0], out = shape[1];
-      const auto dy = torch::randn({n, out}, opts).to(torch::kBFloat16);
-      const auto x = torch::randn({n, in}, opts).to(torch::kBFloat16);
-      auto w = torch::zeros({out, in}, opts).requires_grad_(true);
-      auto b = torch::zeros({out}, opts).requires_grad_(true);
-      w.mutable_grad() = torch::zeros_like(w);
-      b.mutable_grad() = torch::zeros_like(b);
-      auto wgrad = w.grad(), bgrad = b.grad();
-      const double ref = time_ms([&] {
-        torch::Tensor db;
-        kernels::add_linear_weight_grads(dy, x, wgrad, db);
-        bgrad.add_(db);
-      });
-      const double fused = time_ms([&] {
-        torch::Tensor dw, db;
-        kernels::weight_and_bias_grads(dy, x, w, b, dw, db);
-      });
-      line(("dW + db into .grad, " + std::to_string(n) + " x " + std::to_string(in) + "->" +
-            std::to_string(out))
-               .c_str(),
-           "bf16", ref, fused);
-    }
-  }
 }
 
 int run(int64_t rows) {
@@ -144,7 +108,6 @@ int run(int64_t rows) {
     line(("LM head fwd + bwd, " + std::to_string(rows) + " positions").c_str(), name,
          time_ms(head(model::Kernels::kReference)), time_ms(head(model::Kernels::kFused)));
   }
-  bias_grad_lines(c, rows);
   return 0;
 }
 

@@ -1,12 +1,9 @@
 #include "gpt2p/kernels/fused_linear.h"
 
-#include <ATen/cuda/CUDAContext.h>
-
 #include <cstdint>
 
 #include "gpt2p/compat/device.h"
 #include "gpt2p/core/error.h"
-#include "gpt2p/kernels/column_sum.h"
 #include "grad_into.h"
 #include "lt_gemm.h"
 
@@ -25,26 +22,24 @@ void check_operands(const char* what, const torch::Tensor& dy, const torch::Tens
               "pass contiguous CUDA dy [n, out] and x [n, in] of one type (bf16, fp16 or fp32)");
 }
 
-// dw = dy^T x (beta 0) or dw += dy^T x (beta 1), dw float32 [out, in] and contiguous, in one
-// cuBLASLt GEMM; with `db`, its epilogue also reduces dy's rows into *db (a new float32 [out]).
+// dw = dy^T x (beta 0) or dw += dy^T x (beta 1), dw float32 [out, in] and contiguous, and db = the
+// column sums of dy (a new float32 [out]), in one cuBLASLt GEMM whose epilogue reduces dy's rows.
 bool weight_grad_gemm(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
-                      torch::Tensor* db, float beta) {
+                      torch::Tensor& db, float beta) {
   const int64_t n = x.size(0), in = x.size(1), out = dy.size(1);
-  if (db != nullptr) *db = torch::empty({out}, x.options().dtype(torch::kFloat32));
+  db = torch::empty({out}, x.options().dtype(torch::kFloat32));
   if (n == 0) {
     if (beta == 0.0f) dw.zero_();
-    if (db != nullptr) db->zero_();
+    db.zero_();
     return true;
   }
   // Column-major: dw^T [in, out] = x^T [in, n] * dy [n, out], i.e. A = x as stored (in x n,
   // ld in), B = dy as stored (out x n, ld out) transposed; the epilogue reduces op(B) over k = n.
   auto g = detail::lt_gemm_into(dw, x.scalar_type(), {x.data_ptr(), in, n, in, false},
                                 {dy.data_ptr(), out, n, out, true});
-  if (db != nullptr) {
-    g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-    g.bias = db->data_ptr();
-    g.bias_type = CUDA_R_32F;
-  }
+  g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  g.bias = db.data_ptr();
+  g.bias_type = CUDA_R_32F;
   g.beta = beta;
   return detail::lt_matmul(g, x.device());
 }
@@ -55,7 +50,7 @@ bool linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch:
                          torch::Tensor& db) {
   check_operands("linear_weight_grads", dy, x);
   dw = torch::empty({dy.size(1), x.size(1)}, x.options().dtype(torch::kFloat32));
-  return weight_grad_gemm(dy, x, dw, &db, 0.0f);
+  return weight_grad_gemm(dy, x, dw, db, 0.0f);
 }
 
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& dw,
@@ -74,48 +69,16 @@ bool add_linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, to
               "add_linear_weight_grads: grad " << grad.sizes() << " " << grad.scalar_type()
                                                << " for dy " << dy.sizes() << ", x " << x.sizes(),
               "pass a contiguous float32 grad [out, in] on dy's device");
-  return weight_grad_gemm(dy, x, grad, &db, 1.0f);
-}
-
-bool add_column_sums(const torch::Tensor& dy, torch::Tensor& into) {
-  GPT2P_CHECK(dy.is_cuda() && dy.dim() == 2 && dy.is_contiguous() &&
-                  into.scalar_type() == torch::kFloat32 && into.is_contiguous() &&
-                  into.dim() == 1 && into.size(0) == dy.size(1) && into.device() == dy.device(),
-              "add_column_sums: dy " << dy.sizes() << " " << dy.scalar_type() << ", into "
-                                     << into.sizes() << " " << into.scalar_type(),
-              "pass a contiguous CUDA dy [n, out] and a contiguous float32 into [out] beside it");
-  if (dy.scalar_type() != torch::kBFloat16 && dy.scalar_type() != torch::kFloat32) return false;
-  const auto workspace =
-      torch::empty({column_sums_workspace(dy.size(0), dy.size(1))}, into.options());
-  ColumnSums args;
-  args.x = dy.data_ptr();
-  args.type = dy.scalar_type() == torch::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat32;
-  args.out = into.data_ptr<float>();
-  args.workspace = workspace.data_ptr<float>();
-  args.rows = dy.size(0);
-  args.cols = dy.size(1);
-  args.accumulate = true;
-  column_sums(args, at::cuda::getCurrentCUDAStream(dy.device().index()).stream());
-  return true;
+  return weight_grad_gemm(dy, x, grad, db, 1.0f);
 }
 
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
-                           const torch::Tensor& weight_into, const torch::Tensor& bias_into,
-                           torch::Tensor& dw, torch::Tensor& db) {
-  torch::Tensor grad = detail::grad_to_add_into(weight_into, dy.device());
-  if (grad.defined()) {
-    check_operands("weight_and_bias_grads", dy, x);
-    torch::Tensor bias_grad = detail::grad_to_add_into(bias_into, dy.device());
-    const bool bias_here = bias_grad.defined() && (dy.scalar_type() == torch::kBFloat16 ||
-                                                   dy.scalar_type() == torch::kFloat32);
-    if (weight_grad_gemm(dy, x, grad, bias_here ? nullptr : &db, 1.0f)) {
-      dw = torch::Tensor();
-      if (bias_here) {
-        add_column_sums(dy, bias_grad);
-        db = torch::Tensor();
-      }
-      return;
-    }
+                           const torch::Tensor& accumulate_into, torch::Tensor& dw,
+                           torch::Tensor& db) {
+  torch::Tensor grad = detail::grad_to_add_into(accumulate_into, dy.device());
+  if (grad.defined() && add_linear_weight_grads(dy, x, grad, db)) {
+    dw = torch::Tensor();
+    return;
   }
   weight_and_bias_grads(dy, x, dw, db);
 }
@@ -136,8 +99,8 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
-    // The weight and bias themselves (leaves), whose .grad backward adds into.
-    if (accumulate_grad) ctx->saved_data["accumulate_into"] = std::vector<at::Tensor>{weight, bias};
+    // The weight itself (a leaf), whose .grad backward adds into.
+    if (accumulate_grad) ctx->saved_data["accumulate_into"] = weight;
     return torch::linear(xc, wc, bias.to(dtype));
   }
 
@@ -153,16 +116,12 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     const auto dy2 = dy.reshape({-1, dy.size(-1)});
     const auto x2 = xc.reshape({-1, xc.size(-1)});
     const auto dx = dy.matmul(wc).to(x_dtype);
-    torch::Tensor dw, db, weight_into, bias_into;
-    if (const auto it = ctx->saved_data.find("accumulate_into"); it != ctx->saved_data.end()) {
-      const auto leaves = it->second.toTensorVector();
-      weight_into = leaves[0];
-      bias_into = leaves[1];
-    }
-    weight_and_bias_grads(dy2, x2, weight_into, bias_into, dw, db);
-    // One per argument of forward; none for the flag. Undefined: added into .grad already.
-    return {dx, dw.defined() ? dw.to(w_dtype) : dw, db.defined() ? db.to(b_dtype) : db,
-            torch::Tensor()};
+    torch::Tensor dw, db;
+    const auto into = ctx->saved_data.find("accumulate_into");
+    weight_and_bias_grads(
+        dy2, x2, into != ctx->saved_data.end() ? into->second.toTensor() : torch::Tensor(), dw, db);
+    // One per argument of forward; none for the flag.
+    return {dx, dw.defined() ? dw.to(w_dtype) : dw, db.to(b_dtype), torch::Tensor()};
   }
 };
 

@@ -82,10 +82,8 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
     ctx->saved_data["p_dtypes"] = std::vector<int64_t>{
         static_cast<int64_t>(w_fc.scalar_type()), static_cast<int64_t>(b_fc.scalar_type()),
         static_cast<int64_t>(w_proj.scalar_type()), static_cast<int64_t>(b_proj.scalar_type())};
-    // The parameters themselves (leaves), whose .grad backward adds into.
-    if (accumulate_grad) {
-      ctx->saved_data["accumulate_into"] = std::vector<at::Tensor>{w_fc, b_fc, w_proj, b_proj};
-    }
+    // The weights themselves (leaves), whose .grad backward adds into.
+    if (accumulate_grad) ctx->saved_data["accumulate_into"] = std::vector<at::Tensor>{w_fc, w_proj};
     auto shape = x.sizes().vec();
     shape.back() = w_proj.size(0);
     return y.view(shape);
@@ -98,13 +96,15 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
     const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto dy = grads[0].to(h.scalar_type()).reshape({-1, wproj.size(0)}).contiguous();
     torch::Tensor dw_proj, db_proj, dw_fc, db_fc, dpre;
-    std::vector<at::Tensor> into(4);  // w_fc, b_fc, w_proj, b_proj, or none
+    torch::Tensor into_fc, into_proj;
     if (const auto it = ctx->saved_data.find("accumulate_into"); it != ctx->saved_data.end()) {
-      into = it->second.toTensorVector();
+      const auto weights = it->second.toTensorVector();
+      into_fc = weights[0];
+      into_proj = weights[1];
     }
-    weight_and_bias_grads(dy, h, into[2], into[3], dw_proj, db_proj);
+    weight_and_bias_grads(dy, h, into_proj, dw_proj, db_proj);
     if (!matmul_dgelu(dy, wproj, pre, dpre)) dpre = at::gelu_backward(dy.mm(wproj), pre, "tanh");
-    weight_and_bias_grads(dpre, x2, into[0], into[1], dw_fc, db_fc);
+    weight_and_bias_grads(dpre, x2, into_fc, dw_fc, db_fc);
     auto shape = grads[0].sizes().vec();
     shape.back() = wfc.size(1);
     const auto dx = dpre.mm(wfc).to(x_dtype).view(shape);

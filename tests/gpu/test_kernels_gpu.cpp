@@ -113,47 +113,6 @@ TEST(AddMatmulTn, AccumulatesInFloat32) {
   }
 }
 
-// The column-sum kernel (a bias gradient added into .grad) against a float64 sum: bfloat16 and
-// float32, 16-byte vectors and the scalar path (a width no vector divides, a misaligned start),
-// one row, many rows, no rows. It adds into what `into` holds, and a second run gives the same
-// bits.
-TEST(AddColumnSums, AddsEveryRowOnceAndTheSameBitsEveryRun) {
-  GPT2P_REQUIRE_GPU();
-  torch::manual_seed(21);
-  const auto opts = torch::TensorOptions().device(kGpu);
-  struct Case {
-    int64_t rows, cols;
-    torch::ScalarType type;
-    bool misaligned;
-  };
-  for (const Case c :
-       {Case{2048, 768, torch::kBFloat16, false}, Case{16384, 3072, torch::kBFloat16, false},
-        Case{37, 100, torch::kBFloat16, false}, Case{300, 2304, torch::kFloat32, false},
-        Case{5, 3, torch::kFloat32, false}, Case{1, 768, torch::kFloat32, false},
-        Case{0, 64, torch::kBFloat16, false}, Case{129, 768, torch::kBFloat16, true}}) {
-    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " " +
-                 c10::toString(c.type) + (c.misaligned ? " misaligned" : ""));
-    const int64_t n = c.rows * c.cols, skip = c.misaligned ? 1 : 0;
-    const auto dy =
-        torch::randn({n + skip}, opts).to(c.type).narrow(0, skip, n).view({c.rows, c.cols});
-    const auto start = torch::randn({c.cols}, opts);
-    auto into = start.clone();
-    ASSERT_TRUE(kernels::add_column_sums(dy, into));
-    const auto want = start.to(torch::kFloat64) + dy.to(torch::kFloat64).sum(0);
-    // float32 sums of up to 16384 unit normals: rounding stays far below one row's contribution.
-    EXPECT_LT((into.to(torch::kFloat64) - want).abs().max().item<double>(),
-              1e-5 * (1.0 + std::sqrt(static_cast<double>(c.rows))));
-    auto again = start.clone();
-    ASSERT_TRUE(kernels::add_column_sums(dy, again));
-    EXPECT_TRUE(torch::equal(again, into));
-  }
-  // fp16 is not summed here: false, into unchanged.
-  const auto half = torch::randn({16, 8}, opts).to(torch::kHalf);
-  auto into = torch::zeros({8}, opts);
-  EXPECT_FALSE(kernels::add_column_sums(half, into));
-  EXPECT_EQ(into.abs().max().item<double>(), 0.0);
-}
-
 TEST(LinearWeightGrads, OneGemmGivesTheWeightAndBiasGradients) {
   GPT2P_REQUIRE_GPU();
   torch::manual_seed(5);
@@ -213,11 +172,11 @@ TEST(FusedLinear, BFloat16EqualsTorchLinearWithinBf16Rounding) {
   check_linear(true, 1e-2);
 }
 
-// Two micro-batches through kernels::linear with accumulate_grad, the weight's and bias's .grad
-// allocated before (as a graphed pipeline stage keeps them): the weight gradient is added into
-// that very tensor by the GEMM, the bias gradient by the column-sum kernel, and after both
-// backwards they equal what the plain path accumulates through autograd; without a .grad (the first
-// backward of a run) the layer falls back to handing autograd its gradient.
+// Two micro-batches through kernels::linear with accumulate_grad, the weight's .grad allocated
+// before (as a graphed pipeline stage keeps it): the weight gradient is added into that very
+// tensor by the GEMM, and after both backwards equals what the plain path accumulates through
+// autograd; without a .grad (the first backward of a run) the layer falls back to handing autograd
+// its gradient.
 TEST(FusedLinear, AccumulatesTheWeightGradientInPlace) {
   GPT2P_REQUIRE_GPU();
   torch::manual_seed(7);
@@ -229,12 +188,8 @@ TEST(FusedLinear, AccumulatesTheWeightGradientInPlace) {
   for (int i = 0; i < 2; ++i) {
     const bool accumulate = i == 1;
     auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
-    if (accumulate) {
-      w.mutable_grad() = torch::zeros_like(w);
-      b.mutable_grad() = torch::zeros_like(b);
-    }
+    if (accumulate) w.mutable_grad() = torch::zeros_like(w);
     const auto before = accumulate ? w.grad().data_ptr() : nullptr;
-    const auto bias_before = accumulate ? b.grad().data_ptr() : nullptr;
     for (int mb = 0; mb < 2; ++mb) {
       torch::Tensor y;
       {
@@ -245,14 +200,12 @@ TEST(FusedLinear, AccumulatesTheWeightGradientInPlace) {
     }
     if (accumulate) {
       EXPECT_EQ(w.grad().data_ptr(), before) << "the same .grad, added into";
-      EXPECT_EQ(b.grad().data_ptr(), bias_before) << "the same bias .grad, added into";
     }
     gw[i] = w.grad();
     gb[i] = b.grad();
   }
   EXPECT_LT(rel_diff(gw[1], gw[0]), 1e-5);
-  // The column-sum kernel against the GEMM epilogue's reduction: float32 sums in another order.
-  EXPECT_LT(rel_diff(gb[1], gb[0]), 1e-5);
+  EXPECT_LT(rel_diff(gb[1], gb[0]), 1e-6);
   // No .grad yet: the gradient reaches autograd as usual.
   auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
   torch::Tensor y;

@@ -129,8 +129,8 @@ TEST(FusedMlp, BFloat16EqualsTorchOpsWithinBf16Rounding) {
   check_mlp(true, 2e-2);
 }
 
-// kernels::mlp with accumulate_grad over two micro-batches, every parameter's .grad allocated
-// before: added into in place, equal to what autograd accumulates without it.
+// kernels::mlp with accumulate_grad over two micro-batches, both weights' .grad allocated before:
+// added into in place, equal to what autograd accumulates without it.
 TEST(FusedMlp, AccumulatesBothWeightGradientsInPlace) {
   GPT2P_REQUIRE_GPU();
   torch::manual_seed(15);
@@ -145,12 +145,11 @@ TEST(FusedMlp, AccumulatesBothWeightGradientsInPlace) {
     auto wfc = wfc0.clone().requires_grad_(true), bfc = bfc0.clone().requires_grad_(true),
          wproj = wproj0.clone().requires_grad_(true), bproj = bproj0.clone().requires_grad_(true);
     if (accumulate) {
-      for (auto* p : {&wfc, &bfc, &wproj, &bproj}) p->mutable_grad() = torch::zeros_like(*p);
+      wfc.mutable_grad() = torch::zeros_like(wfc);
+      wproj.mutable_grad() = torch::zeros_like(wproj);
     }
     const auto fc_before = accumulate ? wfc.grad().data_ptr() : nullptr;
     const auto proj_before = accumulate ? wproj.grad().data_ptr() : nullptr;
-    const auto bfc_before = accumulate ? bfc.grad().data_ptr() : nullptr;
-    const auto bproj_before = accumulate ? bproj.grad().data_ptr() : nullptr;
     for (int mb = 0; mb < 2; ++mb) {
       torch::Tensor y;
       {
@@ -162,8 +161,6 @@ TEST(FusedMlp, AccumulatesBothWeightGradientsInPlace) {
     if (accumulate) {
       EXPECT_EQ(wfc.grad().data_ptr(), fc_before);
       EXPECT_EQ(wproj.grad().data_ptr(), proj_before);
-      EXPECT_EQ(bfc.grad().data_ptr(), bfc_before);
-      EXPECT_EQ(bproj.grad().data_ptr(), bproj_before);
     }
     grads[i] = {wfc.grad(), bfc.grad(), wproj.grad(), bproj.grad()};
   }

@@ -30,29 +30,22 @@ void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x, torc
 bool add_linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& grad,
                              torch::Tensor& db);
 
-// into += the column sums of dy [n, out] (bfloat16 or float32, contiguous, CUDA) for into float32
-// [out] on dy's device, by kernels/column_sum.h (deterministic). False, with into unchanged, for
-// another type of dy.
-bool add_column_sums(const torch::Tensor& dy, torch::Tensor& into);
-
-// A fused layer's weight and bias gradients where they may be accumulated in place: when
-// `weight_into` (the layer's weight) is defined and its .grad exists as float32 of its shape, the
-// weight gradient is added into that .grad by the GEMM and `dw` is left undefined (the layer's
-// backward returns none for the weight, and autograd adds nothing); when `bias_into` (the bias)
-// then has such a .grad too, the bias gradient is added into it by add_column_sums and `db` is
-// left undefined, else db is the GEMM epilogue's. Otherwise as weight_and_bias_grads. For a step
-// of several micro-batches whose .grad stays allocated (a CUDA graph's, zeroed in place between
-// steps) this spares a read and write of every weight gradient per micro-batch, and the bias's
-// separate reduction and add. Not where a hook must see each micro-batch's gradients.
+// A fused layer's weight and bias gradients where the weight's gradient may be accumulated in
+// place: when `accumulate_into` (the layer's weight) is defined and its .grad exists as float32 of
+// its shape, the weight gradient is added into that .grad by the GEMM and `dw` is left undefined
+// (the layer's backward returns none for the weight, and autograd adds nothing); otherwise as
+// weight_and_bias_grads. For a step of several micro-batches whose .grad stays allocated (a CUDA
+// graph's, zeroed in place between steps) this spares one read and write of every weight
+// gradient per micro-batch. Not where a hook must see each micro-batch's weight gradient.
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
-                           const torch::Tensor& weight_into, const torch::Tensor& bias_into,
-                           torch::Tensor& dw, torch::Tensor& db);
+                           const torch::Tensor& accumulate_into, torch::Tensor& dw,
+                           torch::Tensor& db);
 
 // x W^T + b, like torch::linear, in bfloat16 when autocast is on for x's device (as autocast's
 // linear) and in the weight's type otherwise; differentiable in x, weight and bias, with the
 // weight and bias gradients from linear_weight_grads. x [..., in], weight [out, in], bias [out].
-// `accumulate_grad`: the weight and bias gradients go into their .grad where it exists
-// (weight_and_bias_grads with weight_into and bias_into).
+// `accumulate_grad`: the weight gradient goes into weight's .grad in the GEMM where it exists
+// (weight_and_bias_grads with accumulate_into).
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      bool accumulate_grad = false);
 

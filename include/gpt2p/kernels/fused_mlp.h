@@ -27,8 +27,8 @@ bool matmul_dgelu(const torch::Tensor& dy, const torch::Tensor& w, const torch::
 // c_proj(gelu_tanh(c_fc(x))): x [..., in], w_fc [hidden, in], b_fc [hidden], w_proj [out, hidden],
 // b_proj [out]; computed in autocast's type (as kernels::linear), differentiable in every
 // argument. Where cuBLASLt has no algorithm for an epilogue, that part runs the plain way.
-// `accumulate_grad`: the weights' and biases' gradients go into their .grad where it exists
-// (fused_linear.h: weight_and_bias_grads with weight_into and bias_into).
+// `accumulate_grad`: both weights' gradients go into their .grad in the GEMMs where it exists
+// (fused_linear.h: weight_and_bias_grads with accumulate_into).
 torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& w_fc, const torch::Tensor& b_fc,
                   const torch::Tensor& w_proj, const torch::Tensor& b_proj,
                   bool accumulate_grad = false);

@@ -58,11 +58,11 @@ class GPT2Impl : public torch::nn::Module {
   Kernels kernels() const { return kernels_; }
 
   // With the fused kernels: the blocks' linear layers add their weight gradients into the
-  // weights' .grad inside the weight-gradient GEMM (beta = 1) and their bias gradients into the
-  // biases' .grad by a column-sum kernel wherever .grad exists, instead of handing autograd a
-  // gradient to add (kernels/fused_linear.h: weight_and_bias_grads), and the fused LayerNorms add
-  // their gamma and beta gradients into .grad in their reduction kernel (kernels/fused_norm.h).
-  // For a pipeline stage running several micro-batches a step with .grad kept allocated (its CUDA
+  // weights' .grad inside the weight-gradient GEMM (beta = 1) wherever .grad exists, instead of
+  // handing autograd a gradient to add (kernels/fused_linear.h: weight_and_bias_grads), and the
+  // fused LayerNorms add their gamma and beta gradients into .grad in their reduction kernel
+  // (kernels/fused_norm.h). For a
+  // pipeline stage running several micro-batches a step with .grad kept allocated (its CUDA
   // graphs); not where a hook must see each backward's weight gradients. Off until set.
   // GPT2P_GEMM_ACCUMULATE=0 in the environment keeps it off (autograd adds each gradient), to
   // compare.
