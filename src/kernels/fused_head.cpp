@@ -42,7 +42,8 @@ torch::Tensor softmax_cross_entropy_(const torch::Tensor& logits, const torch::T
   return losses;
 }
 
-void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                   bool add) {
   GPT2P_CHECK(a.is_cuda() && a.dim() == 2 && b.dim() == 2 && out.dim() == 2 &&
                   a.size(0) == b.size(0) && out.size(0) == a.size(1) && out.size(1) == b.size(1) &&
                   a.scalar_type() == b.scalar_type() && out.scalar_type() == torch::kFloat32 &&
@@ -54,7 +55,11 @@ void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch
   const c10::cuda::CUDAGuard guard(a.device());
   const auto k = static_cast<int>(a.size(0)), m = static_cast<int>(a.size(1)),
              n = static_cast<int>(b.size(1));
-  if (k == 0 || m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!add) out.zero_();
+    return;
+  }
   // Column-major view: out^T [n, m] += b^T [n, k] * a [k, m], i.e. B_c (n x k, ld n) times
   // A_c^T where A_c = a^T is m x k with ld m.
   const bool bf16 = a.scalar_type() == torch::kBFloat16;
@@ -62,7 +67,7 @@ void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch
   const cublasComputeType_t compute = !bf16 && at::globalContext().allowTF32CuBLAS()
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
                                           : CUBLAS_COMPUTE_32F;
-  const float alpha = 1.0f, beta = 1.0f;
+  const float alpha = 1.0f, beta = add ? 1.0f : 0.0f;
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   const cublasStatus_t status = cublasGemmEx(
       handle, CUBLAS_OP_N, CUBLAS_OP_T, n, m, k, &alpha, b.data_ptr(), in_type, n, a.data_ptr(),

@@ -162,7 +162,7 @@ torch::Tensor GPT2Impl::loss(const torch::Tensor& x, const LossRows& rows,
   const auto flat = hidden.reshape({-1, hidden.size(-1)}).index_select(0, rows.index);
   return linear_cross_entropy(flat, wte->weight, rows.labels, rows.weights, config_.vocab_size,
                               autocast == torch::kFloat32 ? wte->weight.scalar_type() : autocast,
-                              chunk_rows, kernels_);
+                              chunk_rows, kernels_, accumulate_grads_);
 }
 
 torch::Tensor GPT2Impl::features(const torch::Tensor& x) {

@@ -122,7 +122,9 @@ HeadResult head_fused(const torch::Tensor& hidden, const torch::Tensor& weight,
   torch::Tensor grad_weight;
   if (grads) {
     r.grad_hidden = torch::empty_like(hidden);
-    grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
+    // The first chunk's GEMM writes it, the others add: no zero fill (without rows, zeros).
+    grad_weight = n == 0 ? torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32))
+                         : torch::empty(weight.sizes(), weight.options().dtype(torch::kFloat32));
   }
   auto buffer = torch::empty({std::min(chunk_rows, n), padded}, x.options());
   for (int64_t begin = 0; begin < n; begin += chunk_rows) {
@@ -141,7 +143,7 @@ HeadResult head_fused(const torch::Tensor& hidden, const torch::Tensor& weight,
     } else {
       gh.copy_(logits.mm(w));
     }
-    kernels::add_matmul_tn(grad_weight, logits, xc);
+    kernels::add_matmul_tn(grad_weight, logits, xc, /*add=*/begin > 0);
   }
   r.loss = losses.sum();
   if (grads) {
@@ -174,10 +176,13 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& labels,
                                const torch::Tensor& weights, int64_t vocab_size,
-                               torch::ScalarType compute, int64_t chunk_rows, Kernels kernels) {
+                               torch::ScalarType compute, int64_t chunk_rows, Kernels kernels,
+                               bool accumulate_grad) {
     auto r = head_forward(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
                           /*grads=*/true, kernels);
     ctx->save_for_backward({r.grad_hidden, r.grad_weight});
+    // The weight itself (a leaf), whose .grad backward adds into.
+    if (accumulate_grad) ctx->saved_data["accumulate_into"] = weight;
     return r.loss;
   }
 
@@ -185,14 +190,27 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
                                                  torch::autograd::variable_list grad_output) {
     const auto saved = ctx->get_saved_variables();
     const auto& g = grad_output[0];
+    torch::Tensor grad_weight;
+    const auto into = ctx->saved_data.find("accumulate_into");
+    torch::Tensor weight_grad =
+        into != ctx->saved_data.end() ? into->second.toTensor().grad() : torch::Tensor();
+    if (weight_grad.defined() && weight_grad.scalar_type() == saved[1].scalar_type() &&
+        weight_grad.sizes() == saved[1].sizes() && weight_grad.device() == saved[1].device()) {
+      // One pass, .grad += saved * g, where autograd would scale into a new tensor and add it.
+      torch::NoGradGuard no_grad;
+      weight_grad.addcmul_(saved[1], g.to(saved[1].scalar_type()));
+    } else {
+      grad_weight = saved[1] * g.to(saved[1].scalar_type());
+    }
     return {saved[0] * g.to(saved[0].scalar_type()),
-            saved[1] * g.to(saved[1].scalar_type()),
+            grad_weight,
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(),
+            torch::Tensor()};  // one per argument of forward
   }
 };
 
@@ -201,7 +219,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, const torch::Tensor& weights,
                                    int64_t vocab_size, torch::ScalarType compute,
-                                   int64_t chunk_rows, Kernels kernels) {
+                                   int64_t chunk_rows, Kernels kernels, bool accumulate_grad) {
   GPT2P_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "linear_cross_entropy: hidden " << hidden.sizes() << " and weight " << weight.sizes()
                                               << " are not [n, C] and [V, C]",
@@ -224,7 +242,7 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Ten
         .loss;
   }
   return LinearCrossEntropy::apply(hidden, weight, labels, weights, vocab_size, compute, chunk_rows,
-                                   kernels);
+                                   kernels, accumulate_grad);
 }
 
 }  // namespace gpt2p::model

@@ -61,6 +61,37 @@ TEST(LinearCrossEntropy, LossAndGradientsEqualThePlainHeadForEveryChunking) {
   }
 }
 
+// accumulate_grad: two micro-batches, the weight's .grad allocated before, each backward scaled
+// by its incoming gradient. The weight's gradient is added into that very .grad and equals what
+// autograd accumulates; without a .grad it reaches autograd as usual.
+TEST(LinearCrossEntropy, AccumulatesTheWeightGradientIntoItsGrad) {
+  torch::Tensor grads[2];
+  for (int i = 0; i < 2; ++i) {
+    const bool accumulate = i == 1;
+    Head a = random_head(23, 5);
+    if (accumulate) a.weight.mutable_grad() = torch::zeros_like(a.weight);
+    const void* before = accumulate ? a.weight.grad().data_ptr() : nullptr;
+    for (int mb = 0; mb < 2; ++mb) {
+      Head b = random_head(23, 11 + mb);
+      const auto loss = linear_cross_entropy(a.hidden, a.weight, b.labels, b.weights, 50,
+                                             torch::kFloat32, 7, Kernels::kReference, accumulate);
+      (loss * (1.5 + mb)).backward();
+    }
+    if (accumulate) {
+      EXPECT_EQ(a.weight.grad().data_ptr(), before) << "the same .grad, added into";
+    }
+    grads[i] = a.weight.grad();
+  }
+  EXPECT_LT(rel_diff(grads[1], grads[0]), 1e-6);
+  EXPECT_GT(grads[1].abs().max().item<double>(), 0.0);
+  Head a = random_head(5, 3);
+  linear_cross_entropy(a.hidden, a.weight, a.labels, a.weights, 50, torch::kFloat32, 7,
+                       Kernels::kReference, /*accumulate_grad=*/true)
+      .backward();
+  ASSERT_TRUE(a.weight.grad().defined());
+  EXPECT_GT(a.weight.grad().abs().max().item<double>(), 0.0);
+}
+
 TEST(LinearCrossEntropy, ZeroWeightRowsContributeNothingAndNoRowsGiveZero) {
   Head a = random_head(6, 9);
   a.weights.narrow(0, 2, 3).zero_();

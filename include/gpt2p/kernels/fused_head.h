@@ -16,7 +16,9 @@ torch::Tensor softmax_cross_entropy_(const torch::Tensor& logits, const torch::T
 
 // out += a^T b with a [k, m] and b [k, n] (both bfloat16 or both float32, contiguous, CUDA) and
 // out [m, n] float32: one cuBLAS GEMM accumulating in float32 straight into out, so a sum over
-// chunks is never rounded to bfloat16. Float32 inputs use TF32 only where torch allows it.
-void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b);
+// chunks is never rounded to bfloat16. Float32 inputs use TF32 only where torch allows it. With
+// `add` false, out = a^T b (what out held is never read, so it needs no zeroing).
+void add_matmul_tn(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                   bool add = true);
 
 }  // namespace gpt2p::kernels

@@ -57,15 +57,14 @@ class GPT2Impl : public torch::nn::Module {
   void set_kernels(Kernels kernels);
   Kernels kernels() const { return kernels_; }
 
-  // With the fused kernels: the blocks' linear layers add their weight gradients into the
-  // weights' .grad inside the weight-gradient GEMM (beta = 1) wherever .grad exists, instead of
-  // handing autograd a gradient to add (kernels/fused_linear.h: weight_and_bias_grads), and the
-  // fused LayerNorms add their gamma and beta gradients into .grad in their reduction kernel
-  // (kernels/fused_norm.h). For a
-  // pipeline stage running several micro-batches a step with .grad kept allocated (its CUDA
-  // graphs); not where a hook must see each backward's weight gradients. Off until set.
-  // GPT2P_GEMM_ACCUMULATE=0 in the environment keeps it off (autograd adds each gradient), to
-  // compare.
+  // Gradients added into .grad where it exists instead of handed to autograd to add: with the
+  // fused kernels the blocks' linear layers add their weight gradients inside the weight-gradient
+  // GEMM (beta = 1; kernels/fused_linear.h: weight_and_bias_grads) and the fused LayerNorms their
+  // gamma and beta gradients in their reduction kernel (kernels/fused_norm.h); the head adds
+  // wte's gradient in one pass (lm_head_loss.h). For a pipeline stage running several
+  // micro-batches a step with .grad kept allocated (its CUDA graphs); not where a hook must see
+  // each backward's weight gradients. Off until set. GPT2P_GEMM_ACCUMULATE=0 in the environment
+  // keeps it off (autograd adds each gradient), to compare.
   void set_grad_accumulation(bool on);
 
   // Which activations backward recomputes (options.h). kBlocks: a training forward that autograd

@@ -52,11 +52,15 @@ inline constexpr int64_t kLossChunkRows = 4096;
 // weight [V' >= vocab_size, C] (columns past vocab_size never count). Computed in `compute`
 // (float32 or bfloat16) with the softmax in float32. kFused needs CUDA tensors. Differentiable in
 // hidden and weight when grad mode is on and either requires grad; otherwise only the loss is
-// computed.
+// computed. `accumulate_grad`: where weight's .grad exists in the gradient's type and shape,
+// backward adds the weight's gradient into it in one pass instead of handing autograd a scaled
+// copy to add (a pipeline stage's micro-batches with .grad kept allocated:
+// GPT2Impl::set_grad_accumulation).
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, const torch::Tensor& weights,
                                    int64_t vocab_size, torch::ScalarType compute,
                                    int64_t chunk_rows = kLossChunkRows,
-                                   Kernels kernels = Kernels::kReference);
+                                   Kernels kernels = Kernels::kReference,
+                                   bool accumulate_grad = false);
 
 }  // namespace gpt2p::model
