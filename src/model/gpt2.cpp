@@ -118,7 +118,7 @@ void GPT2Impl::set_kernels(Kernels kernels) {
 void GPT2Impl::set_grad_accumulation(bool on) {
   const char* env = std::getenv("GPT2P_GEMM_ACCUMULATE");
   if (env != nullptr && std::string(env) == "0") on = false;
-  accumulate_grads_ = on;  // ln_f
+  accumulate_grads_ = on;  // ln_f and the head's wte gradient
   if (!h) return;
   for (const auto& block : h->values()) {
     auto* b = block->as<BlockImpl>();

@@ -113,6 +113,27 @@ TEST(AddMatmulTn, AccumulatesInFloat32) {
   }
 }
 
+// add = false writes out without reading it (the head's first chunk into an uninitialised
+// buffer): NaN there must not survive; with no rows (k = 0) out becomes zeros.
+TEST(AddMatmulTn, WithoutAddWritesOverWhatOutHeld) {
+  GPT2P_REQUIRE_GPU();
+  torch::manual_seed(4);
+  const auto opts = torch::TensorOptions().device(kGpu);
+  for (auto type : {torch::kFloat32, torch::kBFloat16}) {
+    const auto a = torch::randn({300, 70}, opts).to(type),
+               b = torch::randn({300, 40}, opts).to(type);
+    auto out = torch::full({70, 40}, std::nan(""), opts);
+    compat::set_strict_fp32(true);
+    kernels::add_matmul_tn(out, a, b, /*add=*/false);
+    const auto want = a.to(torch::kFloat64).t().mm(b.to(torch::kFloat64));
+    EXPECT_TRUE(torch::isfinite(out).all().item<bool>()) << type;
+    EXPECT_LT(rel_diff(out, want), 1e-5) << type;
+    auto empty_out = torch::full({70, 40}, std::nan(""), opts);
+    kernels::add_matmul_tn(empty_out, a.narrow(0, 0, 0), b.narrow(0, 0, 0), /*add=*/false);
+    EXPECT_EQ(empty_out.abs().max().item<double>(), 0.0) << type;
+  }
+}
+
 TEST(LinearWeightGrads, OneGemmGivesTheWeightAndBiasGradients) {
   GPT2P_REQUIRE_GPU();
   torch::manual_seed(5);

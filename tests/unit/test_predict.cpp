@@ -232,7 +232,9 @@ TEST(PredictMemory, StatesAreSixteenBytesPerParameterWithTheHeadsOwnWte) {
   ASSERT_EQ(mem.size(), 2U);
   EXPECT_DOUBLE_EQ(mem[0].states, 16 * (embedding + 3 * block));
   EXPECT_DOUBLE_EQ(mem[0].recompute, 0.0);
-  EXPECT_DOUBLE_EQ(mem[0].total(), mem[0].states + mem[0].activations);
+  // One replica at M = 4: the first stage also keeps the step's lookup gradients.
+  EXPECT_DOUBLE_EQ(mem[0].lookup_grads, 4 * made_up_bytes().stage_input);
+  EXPECT_DOUBLE_EQ(mem[0].total(), mem[0].states + mem[0].activations + mem[0].lookup_grads);
 }
 
 TEST(PredictMemory, ZeroOneDividesOnlyTheMomentsByTheReplicas) {
@@ -280,6 +282,26 @@ TEST(PredictMemory, WeightCopiesCountOncePerBlockNotPerMicroBatch) {
   EXPECT_DOUBLE_EQ(mem[0].weight_copies, 0.0);
   EXPECT_DOUBLE_EQ(mem[1].weight_copies, 6 * 300.0);
   EXPECT_DOUBLE_EQ(mem[2].weight_copies, 0.0);
+}
+
+// The first stage of one replica keeps the step's token-lookup gradients, M micro-batches of
+// [rows, T, C] float32 (the size of a stage's input), to sum them once: at M > 1, not with
+// replicas (whose stages keep the per-micro-batch lookup), and on no other rank.
+TEST(PredictMemory, TheFirstStageKeepsTheStepsLookupGradients) {
+  const auto config = counted_model(0.1);
+  ActivationBytes bytes = made_up_bytes();
+  bytes.stage_input = 50;
+  const auto at = [&](int m, int replicas) {
+    return predict_memory(config, kTwoStages, make_schedule(ScheduleKind::kOneFOneB, m, 2), bytes,
+                          {{}, replicas, false});
+  };
+  const auto four = at(4, 1), one = at(1, 1), replicated = at(4, 2);
+  EXPECT_DOUBLE_EQ(four[0].lookup_grads, 4 * 50.0);
+  EXPECT_DOUBLE_EQ(four[1].lookup_grads, 0.0);
+  EXPECT_DOUBLE_EQ(four[0].total(), four[0].states + four[0].activations + four[0].weight_copies +
+                                        four[0].lookup_grads);
+  EXPECT_DOUBLE_EQ(one[0].lookup_grads, 0.0);
+  EXPECT_DOUBLE_EQ(replicated[0].lookup_grads, 0.0);
 }
 
 // 1F1B holds min(M, P - r) micro-batches on rank r, GPipe all M: with M > P every rank of 1F1B
@@ -406,8 +428,11 @@ TEST(PredictMemory, ThePlannersRowsWithRecomputeAndZeroOne) {
       EXPECT_GT(a.peak_memory_bytes[r], 16 * stage_parameters(config, split[r]));
       EXPECT_LT(b.peak_memory_bytes[r], a.peak_memory_bytes[r]);
       const double unsharded = replicated.rows[i].peak_memory_bytes[r];
-      EXPECT_NEAR(unsharded - a.peak_memory_bytes[r], 4 * stage_parameters(config, split[r]),
-                  1e-6 * unsharded);  // the replicas' gradient buckets
+      // The replicas' gradient buckets; one replica's first stage keeps the step's lookup
+      // gradients instead: M = 8 micro-batches of 1 x 8 tokens x C float32.
+      const double lookup = r == 0 ? 8 * 8 * static_cast<double>(config.n_embd) * 4 : 0.0;
+      EXPECT_NEAR(unsharded - a.peak_memory_bytes[r],
+                  4 * stage_parameters(config, split[r]) - lookup, 1e-6 * unsharded);
       EXPECT_NEAR(unsharded - z.peak_memory_bytes[r], 2 * stage_parameters(config, split[r]),
                   1e-6 * unsharded);
     }

@@ -60,11 +60,11 @@ class GPT2Impl : public torch::nn::Module {
   // Gradients added into .grad where it exists instead of handed to autograd to add: with the
   // fused kernels the blocks' linear layers add their weight gradients inside the weight-gradient
   // GEMM (beta = 1; kernels/fused_linear.h: weight_and_bias_grads) and the fused LayerNorms their
-  // gamma and beta gradients in their reduction kernel (kernels/fused_norm.h); the head adds
-  // wte's gradient in one pass (lm_head_loss.h). For a pipeline stage running several
-  // micro-batches a step with .grad kept allocated (its CUDA graphs); not where a hook must see
-  // each backward's weight gradients. Off until set. GPT2P_GEMM_ACCUMULATE=0 in the environment
-  // keeps it off (autograd adds each gradient), to compare.
+  // gamma and beta gradients in their reduction kernel (kernels/fused_norm.h); with either
+  // kernels the head adds wte's gradient in one pass (lm_head_loss.h). For a pipeline stage
+  // running several micro-batches a step with .grad kept allocated (its CUDA graphs); not where
+  // a hook must see each backward's weight gradients. Off until set. GPT2P_GEMM_ACCUMULATE=0 in
+  // the environment keeps it off (autograd adds each gradient), to compare.
   void set_grad_accumulation(bool on);
 
   // Which activations backward recomputes (options.h). kBlocks: a training forward that autograd
@@ -91,6 +91,7 @@ class GPT2Impl : public torch::nn::Module {
   using EmbeddingGradSink =
       std::function<void(const torch::Tensor& ids, const torch::Tensor& grad)>;
   void set_embedding_grad_sink(EmbeddingGradSink sink);
+  bool has_embedding_grad_sink() const { return sink_ != nullptr; }
 
   // Zero-bubble pipelines (deferred_linear.h): with a store, the blocks' four linear layers leave
   // their weight gradients in it instead of computing them in backward; null restores the plain

@@ -128,6 +128,12 @@ std::vector<RankMemory> predict_memory(const model::GPT2Config& config, const Pa
     if (model.recompute == model::Recompute::kBlocks && has_block) r.recompute = bytes.block;
   }
   for (size_t r = 0; r < ranks; ++r) out[r].activations = live[r];
+  if (model.replicas == 1) {
+    const auto m = std::count_if(schedule[0].begin(), schedule[0].end(), [](const Action& a) {
+      return a.op == Action::Op::kForward && a.stage == 0;
+    });
+    if (m > 1) out[0].lookup_grads = static_cast<double>(m) * bytes.stage_input;
+  }
   return out;
 }
 

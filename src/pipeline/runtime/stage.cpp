@@ -79,20 +79,44 @@ GptStage::~GptStage() {
 }
 
 void GptStage::sum_lookup_grads_per_step() {
-  if (!is_first()) return;
+  // One micro-batch: the plain lookup already makes one dense gradient a step.
+  if (!is_first() || n_microbatches_ == 1) return;
+  GPT2P_CHECK(!model_->has_embedding_grad_sink(),
+              "sum_lookup_grads_per_step() on a model whose token lookup already has a sink",
+              "this is a bug: one owner takes the lookup's gradient (data parallelism's sparse "
+              "sync or this stage)");
   lookup_per_step_ = true;
+  if (batch_.inputs.defined()) size_lookup_grads(batch_.inputs);
   model_->set_embedding_grad_sink([this](const torch::Tensor& ids, const torch::Tensor& grad) {
-    GPT2P_CHECK(lookup_grads_.defined() && grad.size(0) == micro_rows_ &&
-                    grad.size(1) == lookup_grads_.size(1),
+    GPT2P_CHECK(lookup_grads_.defined() && grad.dim() == 3 && grad.size(0) == micro_rows_ &&
+                    grad.size(1) == lookup_grads_.size(1) && grad.size(2) == lookup_grads_.size(2),
                 "the token lookup's gradient " << grad.sizes() << " (ids " << ids.sizes()
                                                << ") does not fit micro-batch " << backward_mb_
                                                << "'s rows",
                 "this is a bug: run the stage's backward through GptStage::backward");
     lookup_grads_.narrow(0, backward_mb_ * micro_rows_, micro_rows_).copy_(grad);
+    ++lookup_calls_;
   });
 }
 
+void GptStage::size_lookup_grads(const torch::Tensor& ids) {
+  // Outside any capture: the graphed backwards write into this buffer at every replay, and a
+  // replay runs only on the shapes it captured.
+  if (!lookup_grads_.defined() || lookup_grads_.size(0) != ids.size(0) ||
+      lookup_grads_.size(1) != ids.size(1)) {
+    lookup_grads_ = torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
+                                 model_->wte->weight.options());
+  }
+}
+
 void GptStage::add_lookup_grads() {
+  // Replays copy into the buffer without the host seeing it; eager and captured backwards must
+  // each have filled their rows, or the buffer holds another step's (or no) gradients.
+  const bool replayed = graphs_ && graphs_->mode() == StageGraphs::Mode::kReplay;
+  GPT2P_CHECK(replayed || lookup_calls_ == n_microbatches_,
+              "the token lookup's gradient reached the stage's buffer from "
+                  << lookup_calls_ << " of " << n_microbatches_ << " micro-batches",
+              "this is a bug: keep one embedding gradient sink per model");
   torch::NoGradGuard no_grad;
   const auto& weight = model_->wte->weight;
   const auto part = at::embedding_dense_backward(lookup_grads_.view({-1, lookup_grads_.size(-1)}),
@@ -108,16 +132,8 @@ void GptStage::add_lookup_grads() {
 
 void GptStage::set_batch(StageBatch batch) {
   backwards_ = 0;
-  if (lookup_per_step_) {
-    // Outside any capture: the graphed backwards write into this buffer at every replay, and a
-    // replay runs only on the shapes it captured.
-    const auto& ids = batch.inputs;
-    if (!lookup_grads_.defined() || lookup_grads_.size(0) != ids.size(0) ||
-        lookup_grads_.size(1) != ids.size(1)) {
-      lookup_grads_ = torch::empty({ids.size(0), ids.size(1), model_->config().n_embd},
-                                   model_->wte->weight.options());
-    }
-  }
+  lookup_calls_ = 0;
+  if (lookup_per_step_) size_lookup_grads(batch.inputs);
   if (graphs_ && graphs_->begin_step() == StageGraphs::Mode::kCapture) {
     // The captured backwards add into .grad: it must exist, where it stays, before them.
     torch::NoGradGuard no_grad;

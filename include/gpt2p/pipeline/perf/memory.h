@@ -104,7 +104,11 @@ struct RankMemory {
   double activations = 0;    // the live micro-batches at the peak
   double recompute = 0;      // the block recomputed at the peak
   double weight_copies = 0;  // the step's bf16 copies of its blocks' weights
-  double total() const { return states + activations + recompute + weight_copies; }
+  // The first stage's step of token-lookup gradients, M x [rows, T, C] float32 (= M x
+  // stage_input), where it sums them once per step (GptStage::sum_lookup_grads_per_step: one
+  // replica, M > 1).
+  double lookup_grads = 0;
+  double total() const { return states + activations + recompute + weight_copies + lookup_grads; }
 };
 
 // peak(r) above for every rank of `schedule` (rank r runs stages r, r + R, ...). Throws

@@ -35,7 +35,8 @@ class Stage {
   // loss (a scalar to call backward on).
   virtual torch::Tensor forward(int mb, const torch::Tensor& input) = 0;
   // Back-propagates `output` of `mb`: output.backward() when `grad` is undefined (the loss), else
-  // torch::autograd::backward({output}, {grad}). Gradients accumulate into the parameters.
+  // torch::autograd::backward({output}, {grad}). Gradients accumulate into the parameters (a
+  // stage may add some of them once per step, after its last backward).
   virtual void backward(int mb, const torch::Tensor& output, const torch::Tensor& grad) = 0;
   // Zero-bubble schedules (schedule.h): backward() computed only what the previous stage waits
   // for; this adds the weight gradients it left for `mb`. Stages that do not split their backward
@@ -98,7 +99,9 @@ class GptStage : public GptStageBase {
   // Called right before the step's last backward on this stage (the n_microbatches-th, counted
   // from set_batch): when that backward starts, every earlier micro-batch's backward has added
   // its gradients to .grad (zero bubble's deferred weight gradients excepted: their W's may come
-  // later), so a data-parallel sum over replicas can start as this one produces each gradient.
+  // later; and with sum_lookup_grads_per_step the token lookup's part of wte's, added after the
+  // last backward), so a data-parallel sum over replicas can start as this one produces each
+  // gradient.
   void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
 
   // From the next set_batch on, forward and backward run as CUDA graphs (stage_graphs.h), one
@@ -115,7 +118,10 @@ class GptStage : public GptStageBase {
   // buffer (a graphed backward into the same rows at every replay), and the step's last backward
   // turns the buffer and the batch's ids into the dense gradient once and adds it to .grad. Only
   // where nothing reads wte's .grad before the step's backwards end: not with a sum over
-  // replicas, whose hooks take each gradient as autograd completes it. No-op on other stages.
+  // replicas, whose hooks take each gradient as autograd completes it. No-op on other stages
+  // and at one micro-batch (the plain lookup already makes one dense gradient a step). The
+  // stage owns the model's embedding gradient sink (GPT2Impl::set_embedding_grad_sink) until it
+  // is destroyed; a model with a sink already is refused.
   void sum_lookup_grads_per_step();
   // Last stage: the sum of this step's micro-batch losses (= the batch's mean masked CE), and
   // resets it. Other stages: 0.
@@ -132,11 +138,14 @@ class GptStage : public GptStageBase {
   std::shared_ptr<model::WeightGradStore> weight_grads_;  // split_backward only
   std::function<void()> last_backward_hook_;
   int backwards_ = 0;  // this step's backward calls so far
-  // sum_lookup_grads_per_step: the step's lookup output gradients [B, T, C], and the micro-batch
-  // whose backward runs (the rows its lookup's gradient goes to).
+  // sum_lookup_grads_per_step: the step's lookup output gradients [B, T, C], the micro-batch
+  // whose backward runs (the rows its lookup's gradient goes to), and the host's count of this
+  // step's copies into the buffer (replays copy without it).
   bool lookup_per_step_ = false;
   torch::Tensor lookup_grads_;
   int backward_mb_ = 0;
+  int lookup_calls_ = 0;
+  void size_lookup_grads(const torch::Tensor& ids);
   void add_lookup_grads();
   std::unique_ptr<StageGraphs> graphs_;     // use_graphs
   std::vector<torch::Tensor> live_inputs_;  // graphed: the executor's input of each micro-batch

@@ -15,7 +15,9 @@
 //   - A forward reads static copies of its inputs (the activation received, or the token ids; on
 //     the last stage also the loss rows) and leaves its output in a static tensor; its backward
 //     reads a static copy of the incoming gradient, leaves the input's gradient in a static
-//     tensor, and adds the parameters' gradients into their .grad in place. The trainer must
+//     tensor, and adds the parameters' gradients into their .grad in place (the first stage's
+//     token lookup into its micro-batch's rows of a buffer, which the stage adds to wte's .grad
+//     after the step's last backward: GptStage::sum_lookup_grads_per_step). The trainer must
 //     therefore keep .grad allocated, zeroing it in place between steps.
 //   - Nothing is ever captured into the pool again after that step: memory some graph left free
 //     at the end of the capture step (the weights' bf16 copies of autocast's cache, read by every
