@@ -93,7 +93,8 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     // Autocast would cast the operands to its type; do it here, so backward sees the same operands.
     const auto dtype = compat::autocast_dtype(x.device(), weight.scalar_type());
     const auto xc = x.to(dtype).contiguous();
-    // Once per step when a compat::AutocastCacheScope is open (every micro-batch shares the copy).
+    // Once per step when a compat::AutocastCacheScope is open (every micro-batch shares the copy;
+    // the bias's too, one kernel fewer per micro-batch).
     const auto wc = compat::cached_cast(weight, dtype);
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -101,7 +102,7 @@ class FusedLinear : public torch::autograd::Function<FusedLinear> {
     ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
     // The weight itself (a leaf), whose .grad backward adds into.
     if (accumulate_grad) ctx->saved_data["accumulate_into"] = weight;
-    return torch::linear(xc, wc, bias.to(dtype));
+    return torch::linear(xc, wc, compat::cached_cast(bias, dtype));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

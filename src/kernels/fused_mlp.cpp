@@ -67,16 +67,17 @@ class FusedMlp : public torch::autograd::Function<FusedMlp> {
                                bool accumulate_grad) {
     const auto dtype = compat::autocast_dtype(x.device(), w_fc.scalar_type());
     const auto x2 = x.to(dtype).reshape({-1, x.size(-1)}).contiguous();
-    // Once per step when a compat::AutocastCacheScope is open (every micro-batch shares the copy).
+    // Once per step when a compat::AutocastCacheScope is open (every micro-batch shares the copy;
+    // the biases' too).
     const auto wfc = compat::cached_cast(w_fc, dtype).contiguous();
     const auto wproj = compat::cached_cast(w_proj, dtype).contiguous();
-    const auto bfc = b_fc.to(dtype).contiguous();
+    const auto bfc = compat::cached_cast(b_fc, dtype).contiguous();
     torch::Tensor pre, h;
     if (!linear_gelu(x2, wfc, bfc, pre, h)) {
       pre = torch::linear(x2, wfc, bfc);
       h = torch::gelu(pre, "tanh");
     }
-    auto y = torch::linear(h, wproj, b_proj.to(dtype));
+    auto y = torch::linear(h, wproj, compat::cached_cast(b_proj, dtype));
     ctx->save_for_backward({x2, wfc, pre, h, wproj});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["p_dtypes"] = std::vector<int64_t>{
