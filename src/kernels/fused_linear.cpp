@@ -3,8 +3,8 @@
 #include <cstdint>
 
 #include "gpt2p/compat/device.h"
+#include "gpt2p/compat/grad_into.h"
 #include "gpt2p/core/error.h"
-#include "grad_into.h"
 #include "lt_gemm.h"
 
 namespace gpt2p::kernels {
@@ -75,7 +75,7 @@ bool add_linear_weight_grads(const torch::Tensor& dy, const torch::Tensor& x, to
 void weight_and_bias_grads(const torch::Tensor& dy, const torch::Tensor& x,
                            const torch::Tensor& accumulate_into, torch::Tensor& dw,
                            torch::Tensor& db) {
-  torch::Tensor grad = detail::grad_to_add_into(accumulate_into, dy.device());
+  torch::Tensor grad = compat::grad_to_add_into(accumulate_into, dy.device());
   if (grad.defined() && add_linear_weight_grads(dy, x, grad, db)) {
     dw = torch::Tensor();
     return;

@@ -6,9 +6,9 @@
 #include <sstream>
 #include <string>
 
+#include "gpt2p/compat/grad_into.h"
 #include "gpt2p/core/error.h"
 #include "gpt2p/kernels/layer_norm.h"
-#include "grad_into.h"
 
 namespace gpt2p::kernels {
 namespace {
@@ -183,7 +183,7 @@ torch::Tensor saved_grad_to_add_into(torch::autograd::AutogradContext* ctx, cons
                                      const torch::Device& device) {
   const auto it = ctx->saved_data.find(key);
   if (it == ctx->saved_data.end()) return {};
-  return detail::grad_to_add_into(it->second.toTensor(), device);
+  return compat::grad_to_add_into(it->second.toTensor(), device);
 }
 
 // d loss / d y (undefined when no gradient arrived at all), dgamma and dbeta.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "gpt2p/compat/grad_into.h"
 #include "gpt2p/core/error.h"
 #if GPT2P_WITH_CUDA
 #include "gpt2p/kernels/fused_head.h"
@@ -193,9 +194,10 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     torch::Tensor grad_weight;
     const auto into = ctx->saved_data.find("accumulate_into");
     torch::Tensor weight_grad =
-        into != ctx->saved_data.end() ? into->second.toTensor().grad() : torch::Tensor();
-    if (weight_grad.defined() && weight_grad.scalar_type() == saved[1].scalar_type() &&
-        weight_grad.sizes() == saved[1].sizes() && weight_grad.device() == saved[1].device()) {
+        into != ctx->saved_data.end()
+            ? compat::grad_to_add_into(into->second.toTensor(), saved[1].device())
+            : torch::Tensor();
+    if (weight_grad.defined() && weight_grad.scalar_type() == saved[1].scalar_type()) {
       // One pass, .grad += saved * g, where autograd would scale into a new tensor and add it.
       torch::NoGradGuard no_grad;
       weight_grad.addcmul_(saved[1], g.to(saved[1].scalar_type()));
