@@ -70,8 +70,20 @@ std::string get_str_attr(const H5::H5Object& obj, const char* name, const std::s
   GPT2P_CHECK(a.getTypeClass() == H5T_STRING && a.getSpace().getSimpleExtentNpoints() == 1,
               where << ": attribute '" << name << "' is not one string",
               "the file is damaged: rerun prepare_data");
+  const H5::StrType type = a.getStrType();
   std::string value;
-  a.read(a.getStrType(), value);
+  if (!type.isVariableStr()) {
+    a.read(type, value);
+    return value;
+  }
+  // Variable length: the C++ wrapper's string read runs strlen on what the file points to, which a
+  // damaged file leaves null.
+  char* text = nullptr;
+  a.read(type, static_cast<void*>(&text));
+  GPT2P_CHECK(text != nullptr, where << ": attribute '" << name << "' holds no string",
+              "the file is damaged: rerun prepare_data");
+  value = text;
+  H5free_memory(text);
   return value;
 }
 
